@@ -1,0 +1,135 @@
+"""ONNX -> torch-mlir -> linalg-on-tensors, in process (no torch needed).
+
+The imported module is printed to text and re-parsed from that text, so every op's location is
+the LINE:COL of its `torch.operator` in that text: the key of the compiler JSON. Lowering passes
+keep those locations, so each linalg op (and each torq_hl op built from it) names its ONNX node.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import tempfile
+from dataclasses import dataclass, field
+
+import onnx
+
+from ..errors import TorqError
+
+STAGES = ("torch_onnx", "torch", "linalg")
+
+TORCH_PIPELINE = "builtin.module(torch-onnx-to-torch-backend-pipeline)"
+LINALG_PIPELINE = "builtin.module(torch-backend-to-linalg-on-tensors-backend-pipeline)"
+CLEANUP_PIPELINE = "builtin.module(func.func(canonicalize,cse))"
+
+_OPERATOR_RE = re.compile(r'torch\.operator\s+"onnx\.([A-Za-z0-9_]+)"')
+
+
+def new_context():
+    """A torch-mlir context with the torch dialect and our torq_hl dialect registered."""
+    from torch_mlir import ir
+    from torch_mlir.dialects import torch as torch_d
+
+    from .torq_hl import register_dialect
+
+    ctx = ir.Context()
+    torch_d.register_dialect(ctx)
+    register_dialect(ctx)
+    return ctx
+
+
+@contextlib.contextmanager
+def _quiet_stderr():
+    """torch-mlir's QLinearConv lowering prints debug lines straight to fd 2; keep them from users."""
+    try:
+        fd = os.dup(2)
+    except OSError:  # no real stderr (embedded use)
+        yield
+        return
+    with tempfile.TemporaryFile() as sink:
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(fd, 2)
+            os.close(fd)
+
+
+@dataclass
+class ImportedModel:
+    """torch-onnx MLIR text plus the LINE:COL of every non-Constant torch.operator, in order."""
+    text: str
+    operator_locations: list[tuple[str, str]] = field(default_factory=list)  # (onnx op type, "L:C")
+
+
+def operator_locations(text: str) -> list[tuple[str, str]]:
+    """(op_type, 'LINE:COL') of each non-Constant torch.operator, in text order (1-based)."""
+    locs = []
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        m = _OPERATOR_RE.search(line)
+        if m and m.group(1) != "Constant":
+            locs.append((m.group(1), f"{lineno}:{line.find('torch.operator') + 1}"))
+    return locs
+
+
+def import_onnx(model: onnx.ModelProto) -> ImportedModel:
+    """Run torch-mlir's ONNX importer and return the torch-onnx dialect text."""
+    from torch_mlir.extras import onnx_importer
+
+    try:
+        model = onnx.shape_inference.infer_shapes(model, data_prop=True)
+    except Exception as e:  # noqa: BLE001 - onnx raises many types
+        raise TorqError(f"ONNX shape inference failed: {str(e).splitlines()[0]}") from None
+    ctx = new_context()
+    try:
+        info = onnx_importer.ModelInfo(model)
+        module = info.create_module(context=ctx).operation
+        onnx_importer.NodeImporter.define_function(info.main_graph, module).import_all()
+    except Exception as e:  # noqa: BLE001
+        raise TorqError(f"torch-mlir cannot import the model: {str(e).splitlines()[0]}") from None
+    text = module.get_asm(large_elements_limit=None)
+    return ImportedModel(text, operator_locations(text))
+
+
+def parse(text: str, ctx=None, filename: str = "model.torch_onnx.mlir"):
+    """Parse MLIR text; op locations become 'filename':LINE:COL."""
+    from torch_mlir import ir
+
+    ctx = ctx or new_context()
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, filename)
+        with open(path, "w") as f:
+            f.write(text)
+        with ctx:
+            try:
+                return ir.Module.parseFile(path)
+            except Exception as e:  # noqa: BLE001
+                raise TorqError(f"cannot parse MLIR: {str(e).splitlines()[0]}") from None
+
+
+def run_pipeline(module, pipeline: str, what: str) -> None:
+    from torch_mlir.passmanager import PassManager
+
+    with module.context, _quiet_stderr():
+        try:
+            PassManager.parse(pipeline).run(module.operation)
+        except Exception as e:  # noqa: BLE001
+            lines = [ln for ln in str(e).splitlines() if "error" in ln] or str(e).splitlines() or ["?"]
+            raise TorqError(f"{what} failed: {lines[0].strip()}") from None
+
+
+def lower_to_linalg(imported: ImportedModel, ctx=None, dump=None):
+    """torch-onnx text -> torch backend -> linalg-on-tensors module (in place on a fresh parse).
+
+    `dump(stage, module)` is called after each stage (used by --debug-ir)."""
+    module = parse(imported.text, ctx)
+    if dump:
+        dump("torch_onnx", module)
+    run_pipeline(module, TORCH_PIPELINE, "torch-onnx-to-torch lowering")
+    if dump:
+        dump("torch", module)
+    run_pipeline(module, LINALG_PIPELINE, "torch-to-linalg lowering")
+    run_pipeline(module, CLEANUP_PIPELINE, "canonicalization")
+    if dump:
+        dump("linalg", module)
+    return module

@@ -1,0 +1,493 @@
+"""Read linalg-on-tensors as quantization semantics.
+
+torch-mlir emits every QuantizeLinear / DequantizeLinear / elementwise op as a `linalg.generic`
+whose body is a little arith program. `body_tree` turns that program into an expression tree in
+which everything that does not depend on a non-constant input is folded to a numpy constant;
+`as_dequant` / `as_quant` then recognise the two shapes that matter:
+
+    DQ:  mulf(sitofp(subi(extsi(x), zp)), scale)                  x int  -> f32
+    Q:   fptosi(min(max(addf(roundeven(divf(x, scale)), zp), lo), hi))  f32 -> int
+
+Constants (arith.constant, and anything computed from constants only: transposes, broadcasts,
+reshapes, generics on constants) are folded with numpy in the exact MLIR dtypes.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+_NP = {"i1": np.bool_, "i8": np.int8, "i16": np.int16, "i32": np.int32, "i64": np.int64,
+       "f16": np.float16, "f32": np.float32, "f64": np.float64, "index": np.int64}
+
+
+def np_dtype(mlir_type) -> type:
+    s = str(mlir_type)
+    if s.startswith("tensor<"):
+        s = s[:-1].rsplit("x", 1)[-1] if "x" in s else s[7:-1]
+    if s not in _NP:
+        raise NotImplementedError(f"element type {s}")
+    return _NP[s]
+
+
+def shape_of(value) -> tuple[int, ...]:
+    from torch_mlir import ir
+    return tuple(ir.RankedTensorType(value.type).shape)
+
+
+def element_type(value) -> str:
+    from torch_mlir import ir
+    t = value.type
+    if isinstance(t, ir.RankedTensorType) or str(t).startswith("tensor<"):
+        return str(ir.RankedTensorType(t).element_type)
+    return str(t)
+
+
+def producer(value):
+    """The Operation that defines `value`, or None for block arguments."""
+    from torch_mlir import ir
+    owner = value.owner
+    if isinstance(owner, ir.Block):
+        return None
+    return owner.operation if hasattr(owner, "operation") else owner
+
+
+def op_name(op) -> str:
+    return op.operation.name if op is not None else ""
+
+
+def attr_ints(op, name) -> list[int]:
+    a = op.attributes[name]
+    try:
+        return [int(v) for v in np.array(a).ravel()]
+    except Exception:  # noqa: BLE001 - DenseI64ArrayAttr
+        return [int(v) for v in a]
+
+
+def location_key(op) -> str:
+    """'LINE:COL' of the op's (file) location, or '?'."""
+    m = re.search(r":(\d+):(\d+)", str(op.location))
+    return f"{m.group(1)}:{m.group(2)}" if m else "?"
+
+
+# ---------------------------------------------------------------- constants
+
+def attr_to_numpy(attr, mlir_type):
+    from torch_mlir import ir
+    if isinstance(attr, ir.DenseElementsAttr) or isinstance(attr, (ir.DenseIntElementsAttr, ir.DenseFPElementsAttr)):
+        shape = tuple(ir.RankedTensorType(mlir_type).shape)
+        dt = np_dtype(mlir_type)
+        if attr.is_splat:
+            v = attr.get_splat_value()
+            return np.full(shape, _scalar(v), dtype=dt)
+        return np.array(attr).astype(dt, copy=False).reshape(shape)
+    if isinstance(attr, ir.IntegerAttr):
+        return np.array(attr.value, dtype=np_dtype(mlir_type))
+    if isinstance(attr, ir.FloatAttr):
+        return np.array(attr.value, dtype=np_dtype(mlir_type))
+    raise NotImplementedError(f"constant attribute {attr}")
+
+
+def _scalar(v):
+    from torch_mlir import ir
+    if isinstance(v, ir.IntegerAttr):
+        return v.value
+    if isinstance(v, ir.FloatAttr):
+        return v.value
+    return v
+
+
+class Folder:
+    """Memoised numpy values of SSA values computable from constants only (None otherwise)."""
+
+    def __init__(self):
+        self._cache: dict = {}
+
+    def value(self, v):
+        key = _key(v)
+        if key in self._cache:
+            return self._cache[key]
+        self._cache[key] = None  # cycle guard
+        try:
+            out = self._compute(v)
+        except NotImplementedError:
+            out = None
+        self._cache[key] = out
+        return out
+
+    def _compute(self, v):
+        op = producer(v)
+        if op is None:
+            return None
+        name = op.name
+        if name == "arith.constant":
+            return attr_to_numpy(op.attributes["value"], v.type)
+        if name == "linalg.transpose":
+            x = self.value(op.operands[0])
+            return None if x is None else np.ascontiguousarray(np.transpose(x, attr_ints(op, "permutation")))
+        if name == "linalg.broadcast":
+            x = self.value(op.operands[0])
+            if x is None:
+                return None
+            out_shape = shape_of(op.results[0])
+            dims = attr_ints(op, "dimensions")
+            return np.broadcast_to(np.expand_dims(x, tuple(dims)), out_shape).copy()
+        if name in ("tensor.collapse_shape", "tensor.expand_shape", "tensor.reshape", "tensor.cast"):
+            x = self.value(op.operands[0])
+            return None if x is None else x.reshape(shape_of(op.results[0]))
+        if name == "linalg.fill":
+            x = self.value(op.operands[0])
+            return None if x is None else np.full(shape_of(op.results[0]), x, dtype=np_dtype(op.results[0].type))
+        if name == "linalg.generic":
+            g = Generic(op, self)
+            if g.parallel and not g.var_inputs:
+                return g.evaluate()
+        return None
+
+
+def _key(v):
+    op = producer(v)
+    if op is None:
+        return ("arg", str(v.get_name()))
+    return ("res", id_of(op), v.result_number if hasattr(v, "result_number") else 0)
+
+
+def id_of(op):
+    """Stable identity of an Operation within one module (the bindings create new wrappers)."""
+    return op.operation if hasattr(op, "operation") else op
+
+
+# ---------------------------------------------------------------- generic bodies
+
+@dataclass(frozen=True)
+class Arg:
+    index: int  # position among the generic's inputs
+
+
+@dataclass(frozen=True)
+class Node:
+    op: str
+    args: tuple
+    attr: str = ""
+
+
+class Generic:
+    """A linalg.generic seen as: inputs (some constant), an expression tree for its yield."""
+
+    def __init__(self, op, folder: Folder, force_var=()):
+        """`force_var`: input indices treated as variables even when constant (to read a DQ of a constant)."""
+        from torch_mlir import ir
+        self.op = op
+        self.folder = folder
+        n_in = len(op.operands) - 1  # one output (torch-mlir generics have one init)
+        self.inputs = list(op.operands)[:n_in]
+        self.out_shape = shape_of(op.results[0])
+        its = [str(a) for a in op.attributes["iterator_types"]]
+        self.parallel = all("parallel" in s for s in its)
+        self.maps = [ir.AffineMapAttr(m).value for m in op.attributes["indexing_maps"]]
+        self.consts = {}
+        self.var_inputs = []
+        for i, v in enumerate(self.inputs):
+            c = None if i in force_var else folder.value(v)
+            if c is None:
+                self.var_inputs.append(i)
+            else:
+                self.consts[i] = c
+        self.block = op.regions[0].blocks[0]
+
+    def in_iteration_space(self, i, arr):
+        """Input array re-laid on the iteration dims (missing dims as size-1 axes)."""
+        from torch_mlir import ir
+        m = self.maps[i]
+        dims = []
+        for e in m.results:
+            if not isinstance(e, ir.AffineDimExpr):
+                try:
+                    e = ir.AffineDimExpr(e)
+                except Exception:  # noqa: BLE001
+                    if isinstance(e, ir.AffineConstantExpr) or "affine_map" not in str(e):
+                        raise NotImplementedError("non-dim indexing map")
+                    raise NotImplementedError("non-dim indexing map")
+            dims.append(e.position)
+        n = m.n_dims
+        arr = np.asarray(arr)
+        if arr.ndim != len(dims):
+            raise NotImplementedError("rank mismatch")
+        order = sorted(range(len(dims)), key=lambda k: dims[k])
+        arr = np.transpose(arr, order)
+        present = sorted(dims)
+        shape = [1] * n
+        for k, d in enumerate(present):
+            shape[d] = arr.shape[k]
+        return arr.reshape(shape)
+
+    def tree(self):
+        """Expression tree of the yielded value with constant sub-expressions folded."""
+        memo = {}
+        args = list(self.block.arguments)
+        arg_pos = {str(a.get_name()): i for i, a in enumerate(args)}
+        yield_op = list(self.block.operations)[-1]
+
+        def build(v):
+            from torch_mlir import ir
+            owner = v.owner
+            if isinstance(owner, ir.Block):
+                i = arg_pos[str(v.get_name())]
+                if i >= len(self.inputs):
+                    raise NotImplementedError("generic reads its output")
+                if i in self.consts:
+                    return self.in_iteration_space(i, self.consts[i])
+                return Arg(i)
+            op = owner.operation if hasattr(owner, "operation") else owner
+            if _outside(op, self.op):
+                c = self.folder.value(v)
+                if c is None:
+                    raise NotImplementedError(f"captured non-constant {op.name}")
+                return c
+            k = id_of(op)
+            if k in memo:
+                return memo[k]
+            name = op.name
+            if name == "arith.constant":
+                r = attr_to_numpy(op.attributes["value"], v.type)
+            else:
+                kids = tuple(build(o) for o in op.operands)
+                attr = str(op.attributes["predicate"]) if "predicate" in op.attributes else ""
+                rtype = str(op.results[0].type)
+                node = Node(name, kids, attr + "|" + rtype)
+                r = node if any(_is_var(c) for c in kids) else eval_node(node, ())
+            memo[k] = r
+            return r
+
+        return build(yield_op.operands[0])
+
+    def evaluate(self, var_values: dict | None = None, out_shape=None):
+        """Numpy result of the generic for given non-constant inputs (all-parallel generics)."""
+        env = {}
+        for i in self.var_inputs:
+            env[i] = self.in_iteration_space(i, var_values[i])
+        t = self.tree()
+        out = eval_node(t, env) if _is_var(t) else t
+        out = np.broadcast_to(out, self.out_shape if out_shape is None else out_shape)
+        return np.ascontiguousarray(out.astype(np_dtype(self.op.results[0].type), copy=False))
+
+
+def _outside(op, generic) -> bool:
+    p = op.parent
+    while p is not None:
+        if id_of(p) == id_of(generic):
+            return False
+        p = p.parent
+    return True
+
+
+def _is_var(x) -> bool:
+    return isinstance(x, (Arg, Node))
+
+
+def _rtype(node: Node):
+    return np_dtype(node.attr.split("|", 1)[1])
+
+
+_CMPF = {"0": None}
+
+
+def eval_node(t, env):
+    """Evaluate an expression tree with numpy, in the MLIR result dtypes (IEEE float32 ops)."""
+    if isinstance(t, Arg):
+        return env[t.index]
+    if not isinstance(t, Node):
+        return t
+    a = [eval_node(x, env) for x in t.args]
+    name, rt = t.op, _rtype(t)
+    with np.errstate(all="ignore"):
+        if name in ("arith.extsi", "arith.trunci", "arith.sitofp", "arith.truncf", "arith.extf", "arith.index_cast"):
+            return np.asarray(a[0]).astype(rt)
+        if name == "arith.extui":
+            src = np.asarray(a[0])
+            return src.view(np.dtype(src.dtype.str.replace("i", "u"))).astype(rt) if src.dtype.kind == "i" else src.astype(rt)
+        if name == "arith.uitofp":
+            src = np.asarray(a[0])
+            return src.view(np.dtype(src.dtype.str.replace("i", "u"))).astype(rt)
+        if name in ("arith.fptosi", "arith.fptoui"):
+            return np.trunc(np.asarray(a[0])).astype(rt)
+        if name in ("arith.addf", "arith.addi"):
+            return np.add(a[0], a[1], dtype=rt)
+        if name in ("arith.subf", "arith.subi"):
+            return np.subtract(a[0], a[1], dtype=rt)
+        if name in ("arith.mulf", "arith.muli"):
+            return np.multiply(a[0], a[1], dtype=rt)
+        if name == "arith.divf":
+            return np.divide(a[0], a[1], dtype=rt)
+        if name == "arith.divsi":
+            return (np.trunc(np.asarray(a[0], np.float64) / np.asarray(a[1], np.float64))).astype(rt)
+        if name in ("arith.maximumf", "arith.maxsi", "arith.maxnumf"):
+            return np.maximum(a[0], a[1]).astype(rt)
+        if name in ("arith.minimumf", "arith.minsi", "arith.minnumf"):
+            return np.minimum(a[0], a[1]).astype(rt)
+        if name == "arith.negf":
+            return np.negative(a[0]).astype(rt)
+        if name == "math.roundeven":
+            return np.rint(a[0]).astype(rt)
+        if name == "math.round":
+            x = np.asarray(a[0])
+            return (np.sign(x) * np.floor(np.abs(x) + 0.5)).astype(rt)
+        if name == "math.floor":
+            return np.floor(a[0]).astype(rt)
+        if name == "math.exp":
+            return np.exp(a[0]).astype(rt)
+        if name == "arith.select":
+            return np.where(a[0], a[1], a[2]).astype(rt)
+        if name == "arith.cmpf":
+            return _cmp(t.attr.split("|")[0], a[0], a[1], ordered=True)
+        if name == "arith.cmpi":
+            return _cmp(t.attr.split("|")[0], a[0], a[1], ordered=False)
+    raise NotImplementedError(f"{name} in linalg.generic body")
+
+
+def _cmp(pred: str, x, y, ordered):
+    p = pred.split(":")[0].strip().split()[-1] if pred else ""
+    # predicates print as integers (e.g. "2 : i64"); map the common ones
+    code = int(p) if p.lstrip("-").isdigit() else None
+    if ordered:  # arith.cmpf: 1 oeq 2 ogt 3 oge 4 olt 5 ole 6 one 8 ueq 9 ugt 10 uge 11 ult 12 ule 13 une
+        ops = {1: np.equal, 2: np.greater, 3: np.greater_equal, 4: np.less, 5: np.less_equal, 6: np.not_equal,
+               8: np.equal, 9: np.greater, 10: np.greater_equal, 11: np.less, 12: np.less_equal, 13: np.not_equal}
+    else:  # arith.cmpi: 0 eq 1 ne 2 slt 3 sle 4 sgt 5 sge
+        ops = {0: np.equal, 1: np.not_equal, 2: np.less, 3: np.less_equal, 4: np.greater, 5: np.greater_equal}
+    if code not in ops:
+        raise NotImplementedError(f"compare predicate {pred}")
+    return ops[code](x, y)
+
+
+# ---------------------------------------------------------------- recognisers
+
+@dataclass
+class QParams:
+    scale: np.ndarray   # float32, scalar () or broadcastable to the tensor
+    zp: np.ndarray      # int64, same rules
+
+    def scalar(self) -> bool:
+        return np.ndim(self.scale) == 0 or np.all(np.asarray(self.scale) == np.asarray(self.scale).ravel()[0])
+
+
+def squeeze_param(x, dtype):
+    """A broadcast constant -> scalar when uniform, else the array kept broadcastable."""
+    x = np.asarray(x, dtype=dtype)
+    flat = x.ravel()
+    if flat.size and np.all(flat == flat[0]):
+        return dtype(flat[0])
+    return x
+
+
+def channel_vector(x, axis: int, n: int, dtype):
+    """Per-channel values along `axis` from a broadcastable array (scalar -> repeated)."""
+    x = np.asarray(x, dtype=dtype)
+    if x.ndim == 0:
+        return np.full(n, x, dtype=dtype)
+    others = tuple(d for d in range(x.ndim) if d != axis)
+    v = x
+    for d in sorted(others, reverse=True):
+        if v.shape[d] != 1:
+            first = np.take(v, [0], axis=d)
+            if not np.all(v == first):
+                raise ValueError("parameter varies along a non-channel axis")
+            v = first
+    v = v.reshape(-1)
+    return np.broadcast_to(v, (n,)).astype(dtype) if v.size in (1, n) else None
+
+
+def _strip(node, *names):
+    while isinstance(node, Node) and node.op in names:
+        node = node.args[0]
+    return node
+
+
+@dataclass
+class DQ:
+    source_index: int   # generic input index of the integer tensor
+    scale: object       # float32 scalar or broadcastable array
+    zp: object          # int64 scalar or broadcastable array
+
+
+def as_dequant(g: Generic) -> DQ | None:
+    """x_int -> (x - zp) * scale (f32), per-tensor or per-channel."""
+    if len(g.var_inputs) != 1 or not g.parallel:
+        return None
+    t = g.tree()
+    if not (isinstance(t, Node) and t.op == "arith.mulf"):
+        return None
+    a, b = t.args
+    if _is_var(b) and not _is_var(a):
+        a, b = b, a
+    if _is_var(b) or not (isinstance(a, Node) and a.op in ("arith.sitofp", "arith.uitofp")):
+        return None
+    inner = _strip(a.args[0], "arith.extsi", "arith.extui")
+    zp = 0
+    if isinstance(inner, Node) and inner.op == "arith.subi" and not _is_var(inner.args[1]):
+        zp = inner.args[1]
+        inner = _strip(inner.args[0], "arith.extsi", "arith.extui")
+    if not isinstance(inner, Arg):
+        return None
+    return DQ(inner.index, squeeze_param(b, np.float32), squeeze_param(zp, np.int64))
+
+
+@dataclass
+class Q:
+    source_index: int
+    scale: object
+    zp: object
+    lo: int
+    hi: int
+    out_dtype: type
+
+
+def as_quant(g: Generic) -> Q | None:
+    """f32 -> clamp(roundeven(x / scale) + zp, lo, hi) as int."""
+    if len(g.var_inputs) != 1 or not g.parallel:
+        return None
+    t = g.tree()
+    if not (isinstance(t, Node) and t.op == "arith.fptosi"):
+        return None
+    x = t.args[0]
+    bounds = []
+    while isinstance(x, Node) and x.op in ("arith.minimumf", "arith.maximumf") and not _is_var(x.args[1]):
+        bounds.append((x.op, float(np.asarray(x.args[1]).ravel()[0])))
+        x = x.args[0]
+    if not (isinstance(x, Node) and x.op == "arith.addf" and not _is_var(x.args[1])):
+        return None
+    zp = x.args[1]
+    x = x.args[0]
+    if not (isinstance(x, Node) and x.op == "math.roundeven"):
+        return None
+    x = x.args[0]
+    if not (isinstance(x, Node) and x.op == "arith.divf" and not _is_var(x.args[1]) and isinstance(x.args[0], Arg)):
+        return None
+    lo = max((v for o, v in bounds if o == "arith.maximumf"), default=-np.inf)
+    hi = min((v for o, v in bounds if o == "arith.minimumf"), default=np.inf)
+    dt = np_dtype(g.op.results[0].type)
+    info = np.iinfo(dt)
+    lo = int(max(lo, info.min)) if np.isfinite(lo) else int(info.min)
+    hi = int(min(hi, info.max)) if np.isfinite(hi) else int(info.max)
+    return Q(x.args[0].index, squeeze_param(x.args[1], np.float32),
+             squeeze_param(np.rint(np.asarray(zp, np.float64)), np.int64), lo, hi, dt)
+
+
+def as_binary(g: Generic, opname: str):
+    """Both inputs variable and the body is a single `opname` of the two block args."""
+    if len(g.var_inputs) != 2 or not g.parallel:
+        return None
+    t = g.tree()
+    if isinstance(t, Node) and t.op == opname and all(isinstance(a, Arg) for a in t.args):
+        return t.args[0].index, t.args[1].index
+    return None
+
+
+def as_scalar_op(g: Generic, opname: str):
+    """One variable input, body = opname(x, const) (e.g. divf by the pool window size)."""
+    if len(g.var_inputs) != 1 or not g.parallel:
+        return None
+    t = g.tree()
+    if isinstance(t, Node) and t.op == opname and isinstance(t.args[0], Arg) and not _is_var(t.args[1]):
+        return t.args[0].index, t.args[1]
+    return None

@@ -1,0 +1,129 @@
+"""LinalgToTorqHL: rewrite every quantize-rooted chain with the first rule that matches.
+
+Rules are tried in order on each quantize generic (the end of a QDQ sandwich). What no rule
+takes falls back to the bf16 Quantize/Dequantize sequences; what is left after that (any op
+that is neither torq_hl nor data movement) is "not supported on NSS", with the reason the
+closest rule gave.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import linalg_view as L
+from .patterns import conv, data_movement, elementwise, fully_connected, pooling, table
+from .patterns.common import Ctx, Fail
+from .patterns.quant_fallback import DequantizeFallback, QuantizeFallback
+
+RULES = [*conv.RULES, *fully_connected.RULES, *elementwise.RULES, *pooling.RULES,
+         *data_movement.RULES, *table.RULES]
+
+# Ops the NSS executes besides torq_hl.*: constants and pure data movement.
+DATA_MOVEMENT = {"arith.constant", "tensor.empty", "tensor.pad", "tensor.collapse_shape",
+                 "tensor.expand_shape", "tensor.reshape", "tensor.cast", "linalg.transpose",
+                 "tensor.extract_slice", "tensor.insert_slice", "tensor.concat", "linalg.broadcast",
+                 "linalg.fill", "func.return"}
+
+
+@dataclass
+class Unsupported:
+    op: str
+    location: str
+    reason: str
+
+    def __str__(self):
+        return f"not supported on NSS: {self.op} at {self.location}: {self.reason}"
+
+
+@dataclass
+class LoweringReport:
+    lowered: dict = field(default_factory=dict)        # torq_hl op name -> count
+    unsupported: list = field(default_factory=list)    # [Unsupported]
+
+
+def func_ops(module):
+    """Operations of the (single) function body, in order."""
+    funcs = [op for op in module.body.operations if op.operation.name == "func.func"]
+    if len(funcs) != 1:
+        raise ValueError("expected exactly one function in the module")
+    return [op.operation for op in funcs[0].regions[0].blocks[0].operations]
+
+
+def _replace(old_op, new_op):
+    old_op.results[0].replace_all_uses_with(new_op.results[0])
+
+
+def dce(module) -> None:
+    """Erase ops whose results are unused (everything here is side-effect free), to a fixpoint."""
+    changed = True
+    while changed:
+        changed = False
+        for op in reversed(func_ops(module)):
+            if op.name == "func.return" or not len(op.results):
+                continue
+            if all(not list(r.uses) for r in op.results):
+                op.erase()
+                changed = True
+
+
+def lower(module) -> LoweringReport:
+    """Rewrite `module` (linalg-on-tensors) in place into torq_hl + data movement."""
+    from torch_mlir import ir
+    with module.context, ir.Location.unknown():
+        return _lower(module)
+
+
+def _lower(module) -> LoweringReport:
+    ctx = Ctx(module)
+    for op in func_ops(module):
+        root = ctx.quant_root(op)
+        if root is None:
+            continue
+        for rule in RULES:
+            m = rule.match(ctx, root)
+            if isinstance(m, Fail) or m is None:
+                continue
+            new = rule.rewrite(ctx, root, m)
+            if isinstance(new, Fail):
+                continue
+            _replace(root.op, new)
+            break
+    dce(module)
+    # Fallbacks: standalone quantize / dequantize generics.
+    for op in func_ops(module):
+        root = ctx.quant_root(op)
+        if root is not None:
+            m = QuantizeFallback().match(ctx, root)
+            if not isinstance(m, Fail):
+                _replace(root.op, QuantizeFallback().rewrite(ctx, root, m))
+            continue
+        g = ctx.generic(op)
+        d = L.as_dequant(g) if g is not None else None
+        if d is not None and L.np_dtype(g.inputs[d.source_index].type) in (np.int8, np.uint8):
+            try:
+                _replace(op, DequantizeFallback().rewrite(ctx, g))
+            except ValueError:
+                pass
+    dce(module)
+    return report(module, ctx)
+
+
+def report(module, ctx: Ctx | None = None) -> LoweringReport:
+    rep = LoweringReport()
+    reasons = ctx.reasons if ctx else {}
+    for op in func_ops(module):
+        name = op.name
+        if name.startswith("torq_hl."):
+            key = name.split(".", 1)[1]
+            rep.lowered[key] = rep.lowered.get(key, 0) + 1
+        elif name not in DATA_MOVEMENT:
+            why = reasons.get(L.id_of(op), (None, None))[1] or _default_reason(name)
+            rep.unsupported.append(Unsupported(name, L.location_key(op), why))
+    return rep
+
+
+def _default_reason(name: str) -> str:
+    if name == "linalg.generic":
+        return "no torq_hl pattern for this elementwise computation"
+    return "no torq_hl pattern for this op"

@@ -1,0 +1,184 @@
+"""What every lowering rule shares: the rule shape, the match context, and small IR helpers.
+
+A rule (in the style of onnxscript's rewriter rules) is a class with a docstring `pattern`
+(`Q ∘ DQ ∘ conv_2d_nchw_fchw_q -> torq_hl.conv2d`), a `match(ctx, q)` that returns a match
+object or a `Fail` whose reason reaches the user as the NSS error text, and a `rewrite`.
+Every rule is rooted at a quantize generic (the end of a QDQ "sandwich").
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .. import linalg_view as L
+from .. import torq_hl
+
+
+@dataclass
+class Fail:
+    reason: str
+    op: object = None  # the compute op the reason is about (for its location)
+
+    def __bool__(self):
+        return False
+
+
+@dataclass
+class Root:
+    """A quantize generic: its op, parameters, and the f32 value it quantizes."""
+    op: object
+    q: L.Q
+    value: object
+
+
+class Ctx:
+    """Per-module lowering state: constant folder, generic cache, failure reasons."""
+
+    def __init__(self, module):
+        self.module = module
+        self.folder = L.Folder()
+        self.reasons: dict = {}   # id(compute op) -> (op, reason)
+
+    def generic(self, op):
+        return L.Generic(op, self.folder) if op is not None and op.name == "linalg.generic" else None
+
+    def producer(self, value):
+        return L.producer(value)
+
+    def const(self, value):
+        return self.folder.value(value)
+
+    def dequant(self, value, of_constant=False):
+        """value = DQ(x): returns (x, scale, zp) or None (of_constant: x may be a constant)."""
+        op = L.producer(value)
+        g = self.generic(op)
+        if g is None:
+            return None
+        if of_constant and not g.var_inputs:
+            ints = [i for i, v in enumerate(g.inputs) if L.element_type(v).startswith("i")]
+            if len(ints) < 1:
+                return None
+            g = L.Generic(op, self.folder, force_var=(ints[0],))
+        d = L.as_dequant(g)
+        if d is None:
+            return None
+        return g.inputs[d.source_index], d.scale, d.zp
+
+    def quant_root(self, op) -> Root | None:
+        g = self.generic(op)
+        if g is None:
+            return None
+        q = L.as_quant(g)
+        if q is None:
+            return None
+        return Root(op, q, g.inputs[q.source_index])
+
+    def int_const_of_dequant(self, value):
+        """value = [broadcast|collapse](DQ(const int)) -> (int array, scale, zp) or None."""
+        op = L.producer(value)
+        while op is not None and op.name in ("linalg.broadcast", "tensor.collapse_shape",
+                                            "tensor.expand_shape", "linalg.transpose"):
+            if op.name == "linalg.transpose":
+                return None
+            value = op.operands[0]
+            op = L.producer(value)
+        dq = self.dequant(value, of_constant=True)
+        if dq is None:
+            return None
+        src, scale, zp = dq
+        c = self.const(src)
+        if c is None:
+            return None
+        return c, scale, zp
+
+    def original_bias(self, value):
+        """i32 bias of a conv init: unwrap broadcast and torch-mlir's Q(DQ(bias)) round trip."""
+        op = L.producer(value)
+        if op is not None and op.name == "linalg.broadcast":
+            value = op.operands[0]
+        op = L.producer(value)
+        g = self.generic(op)
+        if g is not None:
+            q = L.as_quant(g)
+            if q is not None:
+                inner = self.int_const_of_dequant(g.inputs[q.source_index])
+                if inner is not None and np.all(np.asarray(inner[2]) == 0):
+                    c = inner[0].astype(np.int64)
+                    requant = self.const(value)
+                    if requant is not None and np.array_equal(requant.astype(np.int64), c):
+                        return c
+        c = self.const(value)
+        return None if c is None else c.astype(np.int64)
+
+    def fail(self, op, reason):
+        if op is not None:
+            self.reasons[L.id_of(op)] = (op, reason)
+        return Fail(reason, op)
+
+
+def strip_pad(value):
+    """value = tensor.pad(x) with constant padding -> (x, [l, r, t, b], pad value op) else (value, 0s, None)."""
+    op = L.producer(value)
+    if op is None or op.name != "tensor.pad":
+        return value, [0, 0, 0, 0], None
+    low = L.attr_ints(op, "static_low")
+    high = L.attr_ints(op, "static_high")
+    if any(low[:-2]) or any(high[:-2]):
+        return value, [0, 0, 0, 0], None
+    body = op.regions[0].blocks[0]
+    yielded = list(body.operations)[-1].operands[0]
+    return op.operands[0], [low[-1], high[-1], low[-2], high[-2]], yielded
+
+
+def pad_constant(ctx: Ctx, yielded):
+    if yielded is None:
+        return None
+    c = ctx.const(yielded)
+    return None if c is None else np.asarray(c).item()
+
+
+def scalar(x, what: str):
+    a = np.asarray(x)
+    if a.ndim and not np.all(a == a.ravel()[0]):
+        raise ValueError(f"{what} is not per-tensor")
+    return a.ravel()[0].item()
+
+
+def empty(result_type, loc, ip):
+    from torch_mlir import ir
+    return ir.Operation.create("tensor.empty", results=[result_type], operands=[], loc=loc, ip=ip).results[0]
+
+
+def constant(array: np.ndarray, mlir_elem: str, loc, ip):
+    """arith.constant holding a numpy array with the given element type (i8/i16/i32/f32)."""
+    from torch_mlir import ir
+    elem = {"i8": ir.IntegerType.get_signless(8), "i16": ir.IntegerType.get_signless(16),
+            "i32": ir.IntegerType.get_signless(32), "f32": ir.F32Type.get()}[mlir_elem]
+    np_dt = {"i8": np.int8, "i16": np.int16, "i32": np.int32, "f32": np.float32}[mlir_elem]
+    arr = np.ascontiguousarray(np.asarray(array).astype(np_dt))
+    t = ir.RankedTensorType.get(list(arr.shape), elem)
+    attr = ir.DenseElementsAttr.get(arr, type=t)
+    return ir.Operation.create("arith.constant", results=[t], attributes={"value": attr},
+                               loc=loc, ip=ip).results[0]
+
+
+def emit(name: str, root: Root, operands, attrs: dict, loc_op):
+    """Create torq_hl.<name> just before the root quantize, typed like it, at loc_op's location."""
+    from torch_mlir import ir
+    ip = ir.InsertionPoint(root.op)
+    rtype = root.op.results[0].type
+    init = empty(rtype, loc_op.location, ip)
+    new = torq_hl.create(name, rtype, [init, *operands], attrs, loc_op.location, ip)
+    return new
+
+
+def weights_operand(w: np.ndarray, loc, ip):
+    """Weights as i8 when they fit (w_zp == 0), else i16 (seed §4.3.1)."""
+    kind = "i8" if w.min() >= -128 and w.max() <= 127 else "i16"
+    return constant(w, kind, loc, ip)
+
+
+@dataclass
+class RuleSet:
+    rules: list = field(default_factory=list)

@@ -1,0 +1,181 @@
+"""Quantized convolutions -> torq_hl.conv2d / torq_hl.depthwise_conv2d.
+
+    Q ∘ DQ ∘ conv_2d_nchw_fchw_q ∘ pad                         -> torq_hl.conv2d            (per-tensor)
+    Q ∘ DQ ∘ T ∘ depthwise_conv_2d_nhwc_hwc_q ∘ T ∘ pad          -> torq_hl.depthwise_conv2d  (per-tensor)
+    Q ∘ conv_2d_nchw_fchw(pad ∘ DQ, DQ(w)) + DQ(bias)          -> torq_hl.conv2d            (per-channel)
+    Q ∘ depthwise_conv_2d_nchw_chw(pad ∘ DQ, DQ(w)) + DQ(bias) -> torq_hl.depthwise_conv2d  (per-channel)
+
+torch-mlir fuses only per-tensor operands into the `_q` convs; per-channel ones stay f32 convs
+between DQ/Q generics (research mlir-feasibility §7). Both land on the same NPU op: weights
+w' = w - w_zp, bias' = bias - in_zp·Σw', padding with in_zp, and a (multiplier, shift) rescale
+per output channel (one shared shift), interleaved in scale_bias (seed §4).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import fixed_point
+from .. import linalg_view as L
+from .common import Ctx, Root, constant, emit, scalar, strip_pad, pad_constant
+
+
+@dataclass
+class ConvMatch:
+    op_name: str            # "conv2d" | "depthwise_conv2d"
+    conv: object            # the linalg conv op (location source)
+    x: object               # int8 input value (unpadded)
+    w: np.ndarray           # int weights [O, C/g, KH, KW] (raw, before zp folding)
+    w_zp: int
+    in_zp: int
+    bias: np.ndarray        # int64 [O]
+    dq_scale: np.ndarray    # float32 [O]: fl32(x_scale · w_scale[o])
+    pad: list
+    stride: list
+    dilation: list
+    groups: int
+
+
+def _unwrap_transpose(value, perm):
+    op = L.producer(value)
+    if op is not None and op.name == "linalg.transpose" and L.attr_ints(op, "permutation") == perm:
+        return op.operands[0]
+    return None
+
+
+def _per_tensor(ctx: Ctx, root: Root):
+    """DQ(i32 conv result) chain, per-tensor weights."""
+    g = ctx.generic(L.producer(root.value))
+    if g is None:
+        return None
+    d = L.as_dequant(g)
+    if d is None or np.any(np.asarray(d.zp) != 0):
+        return None
+    acc = g.inputs[d.source_index]
+    conv = L.producer(acc)
+    depthwise = False
+    if conv is not None and conv.name == "linalg.transpose":
+        inner = _unwrap_transpose(acc, [0, 3, 1, 2])
+        conv = L.producer(inner) if inner is not None else None
+        depthwise = conv is not None and conv.name == "linalg.depthwise_conv_2d_nhwc_hwc_q"
+    if conv is None or conv.name not in ("linalg.conv_2d_nchw_fchw_q", "linalg.depthwise_conv_2d_nhwc_hwc_q"):
+        return None
+    depthwise = conv.name == "linalg.depthwise_conv_2d_nhwc_hwc_q"
+    inp, wv, in_zp_v, w_zp_v, init = conv.operands
+    in_zp, w_zp = ctx.const(in_zp_v), ctx.const(w_zp_v)
+    if in_zp is None or w_zp is None:
+        return ctx.fail(conv, "input/weight zero points are not compile-time constants")
+    w = ctx.const(wv)
+    if w is None:
+        return ctx.fail(conv, "weights are not constant (dynamic-weight convolutions are not lowered)")
+    if depthwise:
+        inp = _unwrap_transpose(inp, [0, 2, 3, 1])
+        if inp is None:
+            return ctx.fail(conv, "depthwise input is not an NCHW->NHWC transpose")
+        w = np.transpose(w, (2, 0, 1))[:, None]         # [KH,KW,C] -> [C,1,KH,KW]
+    x, pad, padv = strip_pad(inp)
+    pv = pad_constant(ctx, padv)
+    if padv is not None and pv != int(in_zp):
+        return ctx.fail(conv, f"padding value {pv} is not the input zero point {int(in_zp)}")
+    bias = ctx.original_bias(init)
+    if bias is None:
+        return ctx.fail(conv, "bias is not a compile-time constant")
+    if depthwise:  # init broadcast on NHWC output: [1,OH,OW,C] -> per-channel vector
+        bias = bias.reshape(-1, bias.shape[-1])[0] if bias.ndim > 1 else bias
+    elif bias.ndim > 1:
+        bias = bias[0, :, 0, 0]
+    O = w.shape[0]
+    return ConvMatch("depthwise_conv2d" if depthwise else "conv2d", conv, x, w.astype(np.int64),
+                     int(w_zp), int(in_zp), np.broadcast_to(bias, (O,)).astype(np.int64),
+                     np.full(O, np.float32(scalar(d.scale, "conv output scale")), np.float32),
+                     pad, L.attr_ints(conv, "strides"), L.attr_ints(conv, "dilations"),
+                     O if depthwise else 1)
+
+
+def _per_channel(ctx: Ctx, root: Root):
+    """f32 conv on DQ(int8) input and DQ(const) weights (torch-mlir's per-channel form)."""
+    conv = L.producer(root.value)
+    if conv is None or conv.name not in ("linalg.conv_2d_nchw_fchw", "linalg.depthwise_conv_2d_nchw_chw"):
+        return None
+    depthwise = conv.name == "linalg.depthwise_conv_2d_nchw_chw"
+    inp, wv, init = conv.operands
+    xin, pad, padv = strip_pad(inp)
+    if padv is not None and pad_constant(ctx, padv) != 0.0:
+        return ctx.fail(conv, "padding value is not zero")
+    dq = ctx.dequant(xin)
+    if dq is None:
+        return ctx.fail(conv, "input is not dequantized from an integer tensor")
+    x, xs, in_zp = dq
+    wq = ctx.int_const_of_dequant(wv)
+    if wq is None:
+        return ctx.fail(conv, "weights are not dequantized constants")
+    w, ws, w_zp = wq
+    O = w.shape[0]
+    ws = L.channel_vector(ws, 0, O, np.float32)
+    w_zp_v = L.channel_vector(w_zp, 0, O, np.int64)
+    if ws is None or w_zp_v is None or np.any(w_zp_v != w_zp_v[0]):
+        return ctx.fail(conv, "weight scale/zero point must be per-tensor or per-output-channel (equal zero points)")
+    if depthwise:
+        w = w.reshape(O, 1, *w.shape[-2:])
+    bias = np.zeros(O, np.int64)
+    bop = L.producer(init)
+    if bop is not None and bop.name == "linalg.broadcast":
+        bq = ctx.int_const_of_dequant(bop.operands[0])
+        if bq is None:
+            return ctx.fail(conv, "bias is not a dequantized int32 constant")
+        bias = bq[0].astype(np.int64).reshape(O)
+        bscale = L.channel_vector(bq[1], 0, O, np.float32)
+        expect = (np.float32(scalar(xs, "input scale")) * ws).astype(np.float32)
+        if not np.allclose(bscale, expect, rtol=1e-6, atol=0):
+            return ctx.fail(conv, "bias scale is not input_scale x weight_scale")
+    elif ctx.const(init) is None or np.any(ctx.const(init) != 0):
+        return ctx.fail(conv, "unsupported accumulator initialisation")
+    try:
+        xs_s, in_zp_s = scalar(xs, "input scale"), scalar(in_zp, "input zero point")
+    except ValueError as e:
+        return ctx.fail(conv, str(e))
+    dq_scale = (np.float32(xs_s) * ws).astype(np.float32)
+    return ConvMatch("depthwise_conv2d" if depthwise else "conv2d", conv, x, w.astype(np.int64),
+                     int(w_zp_v[0]), int(in_zp_s), bias, dq_scale, pad,
+                     L.attr_ints(conv, "strides"), L.attr_ints(conv, "dilations"), O if depthwise else 1)
+
+
+class QConv2D:
+    """Q ∘ DQ ∘ conv(_q) ∘ pad -> torq_hl.conv2d | torq_hl.depthwise_conv2d"""
+
+    def match(self, ctx: Ctx, root: Root):
+        m = _per_tensor(ctx, root)
+        if m is None:
+            m = _per_channel(ctx, root)
+        if m is None or not m:
+            return m
+        if np.ndim(root.q.scale) or np.ndim(root.q.zp):
+            return ctx.fail(m.conv, "output quantization is not per-tensor")
+        if root.q.out_dtype is not np.int8:
+            return ctx.fail(m.conv, f"output type {np.dtype(root.q.out_dtype).name} is not int8")
+        return m
+
+    def rewrite(self, ctx: Ctx, root: Root, m: ConvMatch):
+        from torch_mlir import ir
+        ys = np.float32(root.q.scale)
+        w_adj = m.w - m.w_zp                                       # seed §4.3.1
+        bias = m.bias - m.in_zp * w_adj.reshape(w_adj.shape[0], -1).sum(axis=1)   # §4.3.2 + §4.3.3
+        scales = m.dq_scale.astype(np.float64) / np.float64(ys)
+        mults, shift = fixed_point.per_channel_multipliers(scales)
+        if np.any(np.abs(bias) >= 2 ** 31):
+            return ctx.fail(m.conv, "folded bias overflows int32")
+        scale_bias = np.stack([bias, mults], axis=1).reshape(-1)   # [b0, m0, b1, m1, ...]
+        ip = ir.InsertionPoint(root.op)
+        loc = m.conv.location
+        weights = constant(w_adj, "i16" if m.w_zp != 0 else "i8", loc, ip)
+        sb = constant(scale_bias, "i32", loc, ip)
+        attrs = dict(input_zp=m.in_zp, weight_zp=0, output_zp=int(root.q.zp), output_min=root.q.lo,
+                     output_max=root.q.hi, shift_factor=shift, groups=m.groups, pad=m.pad,
+                     stride=m.stride, dilation=m.dilation,
+                     # fl32(fl32(xs·ws)/ys): dq_scale already is fl32(xs·ws)
+                     ort_scale=fixed_point.ort_conv_scale(m.dq_scale, np.float32(1), ys))
+        return emit(m.op_name, root, [weights, sb, m.x], attrs, m.conv)
+
+
+RULES = [QConv2D()]

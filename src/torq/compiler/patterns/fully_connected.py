@@ -1,0 +1,126 @@
+"""Quantized Gemm / MatMul -> torq_hl.fully_connected.
+
+    Q ∘ [+DQ(bias)] ∘ DQ ∘ quantized_matmul(x, T(w))          -> torq_hl.fully_connected  (per-tensor)
+    Q ∘ [+DQ(bias)] ∘ matmul(DQ(x), T(DQ(w)))                 -> torq_hl.fully_connected  (per-channel)
+
+Same algebra as the lecture's FC layer (seed 002): q_bias = q_b - Z_X·Σ_k q_W[o, k].
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import fixed_point
+from .. import linalg_view as L
+from .common import Ctx, Root, constant, emit, scalar
+
+
+@dataclass
+class FCMatch:
+    mm: object
+    x: object
+    w: np.ndarray       # [O, K] int
+    w_zp: int
+    in_zp: int
+    bias: np.ndarray    # int64 [O]
+    dq_scale: np.ndarray  # float32 [O] = fl32(xs·ws[o])
+
+
+def _bias_add(ctx: Ctx, value):
+    """value = addf(v, DQ(bias_i32 const)) -> (v, bias ints, bias scale) else (value, None, None)."""
+    g = ctx.generic(L.producer(value))
+    if g is None:
+        return value, None, None
+    hit = L.as_scalar_op(g, "arith.addf")
+    if hit is None or len(g.consts) != 1:
+        return value, None, None
+    (ci,) = g.consts
+    bq = ctx.int_const_of_dequant(g.inputs[ci])
+    if bq is None:
+        return value, None, None
+    return g.inputs[g.var_inputs[0]], bq[0].astype(np.int64).ravel(), bq[1]
+
+
+def _weights_OK(ctx: Ctx, wv, O):
+    """[K, O] weight operand (often a transpose of an [O, K] constant) -> ([O, K] array, producer chain)."""
+    op = L.producer(wv)
+    if op is not None and op.name == "linalg.transpose" and L.attr_ints(op, "permutation") == [1, 0]:
+        return op.operands[0], True
+    return wv, False
+
+
+class QFullyConnected:
+    """Q ∘ (+bias) ∘ DQ ∘ (quantized_)matmul -> torq_hl.fully_connected"""
+
+    def match(self, ctx: Ctx, root: Root):
+        v, bias, bscale = _bias_add(ctx, root.value)
+        g = ctx.generic(L.producer(v))
+        mm = L.producer(v)
+        if g is not None:
+            d = L.as_dequant(g)
+            if d is None or np.any(np.asarray(d.zp) != 0):
+                return None
+            mm = L.producer(g.inputs[d.source_index])
+            if mm is None or mm.name != "linalg.quantized_matmul":
+                return None
+            x, wv, in_zp_v, w_zp_v, _ = mm.operands
+            in_zp, w_zp = ctx.const(in_zp_v), ctx.const(w_zp_v)
+            src, transposed = _weights_OK(ctx, wv, None)
+            w = ctx.const(src)
+            if w is None or in_zp is None or w_zp is None:
+                return ctx.fail(mm, "weights or zero points are not compile-time constants")
+            w = w if transposed else w.T
+            O = w.shape[0]
+            dq_scale = np.full(O, np.float32(scalar(d.scale, "matmul output scale")), np.float32)
+            w_zp, in_zp = int(w_zp), int(in_zp)
+        elif mm is not None and mm.name == "linalg.matmul":
+            xv, wv, _ = mm.operands
+            dq = ctx.dequant(xv)
+            if dq is None:
+                return ctx.fail(mm, "input is not dequantized from an integer tensor")
+            x, xs, in_zp = dq
+            src, transposed = _weights_OK(ctx, wv, None)
+            wq = ctx.int_const_of_dequant(src)
+            if wq is None:
+                return ctx.fail(mm, "weights are not dequantized constants")
+            w, ws, w_zp = wq
+            axis = 0 if transposed else 1
+            O = w.shape[axis]
+            ws = L.channel_vector(ws, axis, O, np.float32)
+            w_zp_v = L.channel_vector(w_zp, axis, O, np.int64)
+            if ws is None or np.any(w_zp_v != w_zp_v[0]):
+                return ctx.fail(mm, "weight scale/zero point must be per-tensor or per-output-channel")
+            w = w if transposed else w.T
+            in_zp = int(scalar(in_zp, "input zero point"))
+            w_zp = int(w_zp_v[0])
+            dq_scale = (np.float32(scalar(xs, "input scale")) * ws).astype(np.float32)
+        else:
+            return None
+        if len(L.shape_of(x)) != 2:
+            return ctx.fail(mm, "only 2-D matmuls are lowered to fully_connected")
+        if bias is None:
+            bias = np.zeros(O, np.int64)
+        elif bias.size != O:
+            return ctx.fail(mm, "bias is not one value per output")
+        if np.ndim(root.q.scale) or root.q.out_dtype is not np.int8:
+            return ctx.fail(mm, "output quantization is not per-tensor int8")
+        return FCMatch(mm, x, w.astype(np.int64), w_zp, in_zp, np.broadcast_to(bias, (O,)).astype(np.int64), dq_scale)
+
+    def rewrite(self, ctx: Ctx, root: Root, m: FCMatch):
+        from torch_mlir import ir
+        ys = np.float32(root.q.scale)
+        w_adj = m.w - m.w_zp
+        bias = m.bias - m.in_zp * w_adj.sum(axis=1)            # q_bias = q_b - Z_X·Σ q_W (lecture)
+        mults, shift = fixed_point.per_channel_multipliers(m.dq_scale.astype(np.float64) / np.float64(ys))
+        ip = ir.InsertionPoint(root.op)
+        loc = m.mm.location
+        weights = constant(w_adj, "i16" if m.w_zp != 0 else "i8", loc, ip)
+        sb = constant(np.stack([bias, mults], axis=1).reshape(-1), "i32", loc, ip)
+        attrs = dict(input_zp=m.in_zp, weight_zp=0, output_zp=int(root.q.zp), output_min=root.q.lo,
+                     output_max=root.q.hi, shift_factor=shift,
+                     ort_scale=fixed_point.ort_conv_scale(m.dq_scale, np.float32(1), ys))
+        return emit("fully_connected", root, [weights, sb, m.x], attrs, m.mm)
+
+
+RULES = [QFullyConnected()]

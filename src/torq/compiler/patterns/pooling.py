@@ -1,0 +1,90 @@
+"""Quantized pools.
+
+    Q ∘ pooling_nchw_max ∘ [pad] ∘ DQ             -> torq_hl.maxpool2d   (same in/out qparams)
+    Q ∘ divf(N) ∘ pooling_nchw_sum ∘ [pad] ∘ DQ   -> torq_hl.avg_pool2d  (AveragePool with
+                                                     count_include_pad=1, GlobalAveragePool)
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import fixed_point
+from .. import linalg_view as L
+from .common import Ctx, Root, emit, pad_constant, scalar, strip_pad
+
+
+def _window(op):
+    return list(L.shape_of(op.operands[1]))
+
+
+class QMaxPool:
+    """Q ∘ pooling_nchw_max ∘ pad ∘ DQ -> torq_hl.maxpool2d"""
+
+    def match(self, ctx: Ctx, root: Root):
+        op = L.producer(root.value)
+        if op is None or op.name != "linalg.pooling_nchw_max":
+            return None
+        xin, pad, padv = strip_pad(op.operands[0])
+        if padv is not None and pad_constant(ctx, padv) not in (-np.inf, float("-inf")):
+            return ctx.fail(op, "MaxPool padding is not -inf")
+        dq = ctx.dequant(xin)
+        if dq is None:
+            return ctx.fail(op, "MaxPool input is not dequantized from an integer tensor")
+        x, xs, xz = dq
+        if not (np.all(np.asarray(xs) == root.q.scale) and np.all(np.asarray(xz) == root.q.zp)):
+            return ctx.fail(op, "MaxPool input and output quantization differ")
+        if L.np_dtype(x.type) is not root.q.out_dtype:
+            return ctx.fail(op, "MaxPool changes the integer type")
+        return (op, x, pad)
+
+    def rewrite(self, ctx: Ctx, root: Root, m):
+        op, x, pad = m
+        attrs = dict(kernel=_window(op), stride=L.attr_ints(op, "strides"), pad=pad,
+                     dilation=L.attr_ints(op, "dilations"))
+        return emit("maxpool2d", root, [x], attrs, op)
+
+
+class QAvgPool:
+    """Q ∘ divf(count) ∘ pooling_nchw_sum ∘ pad ∘ DQ -> torq_hl.avg_pool2d"""
+
+    def match(self, ctx: Ctx, root: Root):
+        div = L.producer(root.value)
+        g = ctx.generic(div)
+        if g is None:
+            return None
+        hit = L.as_scalar_op(g, "arith.divf")
+        if hit is None:
+            return None
+        pool = L.producer(g.inputs[hit[0]])
+        if pool is None or pool.name != "linalg.pooling_nchw_sum":
+            return None
+        count = np.asarray(hit[1]).ravel()
+        kernel = _window(pool)
+        if count.size == 0 or not np.all(count == count[0]) or count[0] != kernel[0] * kernel[1]:
+            return ctx.fail(pool, "AveragePool divisor is not the window size (count_include_pad=0 with padding)")
+        if L.attr_ints(pool, "dilations") != [1, 1]:
+            return ctx.fail(pool, "dilated AveragePool")
+        xin, pad, padv = strip_pad(pool.operands[0])
+        if padv is not None and pad_constant(ctx, padv) != 0.0:
+            return ctx.fail(pool, "AveragePool padding is not zero")
+        dq = ctx.dequant(xin)
+        if dq is None:
+            return ctx.fail(pool, "AveragePool input is not dequantized from an integer tensor")
+        x, xs, xz = dq
+        if np.ndim(root.q.scale) or root.q.out_dtype is not np.int8:
+            return ctx.fail(pool, "output quantization is not per-tensor int8")
+        return (pool, x, float(scalar(xs, "input scale")), int(scalar(xz, "input zero point")), pad, kernel)
+
+    def rewrite(self, ctx: Ctx, root: Root, m):
+        pool, x, xs, xz, pad, kernel = m
+        ys = float(root.q.scale)
+        n = kernel[0] * kernel[1]
+        mult, shift = fixed_point.multiplier_and_shift(np.float64(np.float32(xs)) / (np.float64(np.float32(ys)) * n))
+        attrs = dict(input_zp=xz, output_zp=int(root.q.zp), output_min=root.q.lo, output_max=root.q.hi,
+                     shift_factor=shift, scale_bias=[-n * xz, mult], kernel=kernel,
+                     stride=L.attr_ints(pool, "strides"), pad=pad, count_include_pad=1,
+                     ort_input_scale=[xs], ort_output_scale=[ys])
+        return emit("avg_pool2d", root, [x], attrs, pool)
+
+
+RULES = [QMaxPool(), QAvgPool()]

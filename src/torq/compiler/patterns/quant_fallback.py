@@ -1,0 +1,71 @@
+"""Standalone QuantizeLinear / DequantizeLinear that fused into nothing (seed §4.4.2).
+
+    Q  (f32 -> i8)  -> act f2f (f32->bf16) -> mul (×1/scale, +zp) -> act f2i (bf16->i32) -> fma (clamp -> i8)
+    DQ (i8 -> f32)  -> act i2f (i8->bf16)  -> mul (×scale, −zp·scale) -> act f2f (bf16->f32)
+
+bf16 arithmetic is lossy on the NPU (native mode); `ort_*` attributes let the `ort` mode compute
+what ONNX Runtime's QuantizeLinear / DequantizeLinear compute.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import fixed_point
+from .. import linalg_view as L
+from .. import torq_hl
+from .common import Ctx, Root, empty, scalar
+
+
+def _retyped(value_type, elem):
+    from torch_mlir import ir
+    t = ir.RankedTensorType(value_type)
+    e = {"bf16": ir.BF16Type.get(), "i32": ir.IntegerType.get_signless(32), "f32": ir.F32Type.get()}[elem]
+    return ir.RankedTensorType.get(list(t.shape), e)
+
+
+def _seq(steps, x, loc, ip):
+    for name, rtype, attrs in steps:
+        init = empty(rtype, loc, ip)
+        x = torq_hl.create(name, rtype, [init, x], attrs, loc, ip).results[0]
+    return x
+
+
+class QuantizeFallback:
+    """Q (standalone) -> act f2f, mul, act f2i, fma"""
+
+    def match(self, ctx: Ctx, root: Root):
+        try:
+            return float(scalar(root.q.scale, "scale")), int(scalar(root.q.zp, "zero point"))
+        except ValueError as e:
+            return ctx.fail(root.op, f"per-channel QuantizeLinear: {e}")
+
+    def rewrite(self, ctx: Ctx, root: Root, m):
+        from torch_mlir import ir
+        scale, zp = m
+        ip, loc = ir.InsertionPoint(root.op), root.op.location
+        t_in = root.value.type
+        steps = [("act", _retyped(t_in, "bf16"), dict(mode="f2f")),
+                 ("mul", _retyped(t_in, "bf16"), dict(multiplier=[fixed_point.to_bf16(np.float32(1.0 / scale))],
+                                                      bias=[float(zp)], ort_scale=[scale], ort_zp=zp,
+                                                      ort_mode="quantize")),
+                 ("act", _retyped(t_in, "i32"), dict(mode="f2i")),
+                 ("fma", root.op.results[0].type, dict(output_min=root.q.lo, output_max=root.q.hi))]
+        return _seq(steps, root.value, loc, ip).owner
+
+
+class DequantizeFallback:
+    """DQ (standalone) -> act i2f, mul, act f2f"""
+
+    def rewrite(self, ctx: Ctx, g) -> object:
+        from torch_mlir import ir
+        d = L.as_dequant(g)
+        scale, zp = float(scalar(d.scale, "scale")), int(scalar(d.zp, "zero point"))
+        op = g.op
+        ip, loc = ir.InsertionPoint(op), op.location
+        x = g.inputs[d.source_index]
+        steps = [("act", _retyped(x.type, "bf16"), dict(mode="i2f")),
+                 ("mul", _retyped(x.type, "bf16"), dict(multiplier=[fixed_point.to_bf16(np.float32(scale))],
+                                                        bias=[float(fixed_point.to_bf16(np.float32(-zp * scale)))],
+                                                        ort_scale=[scale], ort_zp=zp, ort_mode="dequantize")),
+                 ("act", op.results[0].type, dict(mode="f2f"))]
+        return _seq(steps, x, loc, ip).owner

@@ -1,0 +1,68 @@
+"""Any elementwise function of one int8 tensor becomes a 256-entry lookup table.
+
+    Q ∘ f ∘ DQ  (f: a chain of one-input elementwise generics, e.g. Sigmoid) -> torq_hl.table
+
+The table is computed by evaluating the module's own linalg generics (DQ, f, Q) on all 256
+int8 inputs, so it holds exactly what the float reference chain computes.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import linalg_view as L
+from .common import Ctx, Root, emit
+
+
+def _chain(ctx: Ctx, value):
+    """Generics from just after a DQ up to `value`; (dq_generic, [f generics], int8 source) or None."""
+    chain = []
+    while True:
+        op = L.producer(value)
+        g = ctx.generic(op)
+        if g is None or len(g.var_inputs) != 1 or not g.parallel:
+            return None
+        if any(np.size(c) != 1 for c in g.consts.values()):
+            return None  # per-position constants: not a pure function of the value
+        if L.shape_of(g.inputs[g.var_inputs[0]]) != L.shape_of(op.results[0]):
+            return None
+        d = L.as_dequant(g)
+        if d is not None and np.size(d.scale) == 1 and np.size(d.zp) == 1:
+            return g, chain[::-1], g.inputs[d.source_index]
+        chain.append(g)
+        value = g.inputs[g.var_inputs[0]]
+
+
+class QTable:
+    """Q ∘ f ∘ DQ -> torq_hl.table"""
+
+    def match(self, ctx: Ctx, root: Root):
+        found = _chain(ctx, root.value)
+        if found is None or not found[1]:
+            return None
+        dq, fs, x = found
+        if L.np_dtype(x.type) is not np.int8 or root.q.out_dtype is not np.int8 or np.ndim(root.q.scale):
+            return ctx.fail(fs[0].op, "table lookup needs int8 input and output")
+        return dq, fs, x
+
+    def rewrite(self, ctx: Ctx, root: Root, m):
+        dq, fs, x = m
+        qg = ctx.generic(root.op)
+        v = np.arange(-128, 128, dtype=np.int8)
+        y = dq.evaluate({dq.var_inputs[0]: _flat(v, dq)}, _shape(dq)).ravel()
+        for g in fs:
+            y = g.evaluate({g.var_inputs[0]: _flat(y, g)}, _shape(g)).ravel()
+        table = qg.evaluate({qg.var_inputs[0]: _flat(y, qg)}, _shape(qg)).ravel().astype(np.int64)
+        return emit("table", root, [x], dict(table=table), fs[-1].op)
+
+
+def _shape(g):
+    return (256,) + (1,) * (len(g.out_shape) - 1)
+
+
+def _flat(arr, g):
+    """Lay a 256-vector on the generic's rank (evaluate broadcasts it on its output shape)."""
+    rank = len(g.out_shape)
+    return np.asarray(arr).reshape((256,) + (1,) * (rank - 1)) if rank else arr
+
+
+RULES = [QTable()]

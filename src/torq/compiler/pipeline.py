@@ -1,0 +1,95 @@
+"""ONNX (int8) -> torch-onnx -> torch -> linalg -> torq_hl, keeping the IR of every stage.
+
+`compile(model)` is the Python API under `torq-compile`: it returns a `CompiledModel` with
+`.ir(stage)` and `.run(inputs, rounding=...)` (the NSS simulator).
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from ..errors import TorqError
+from ..fileio import atomic_write_text
+from . import importer, lowering
+
+STAGES = ("torch_onnx", "torch", "linalg", "torq_hl")
+
+
+@dataclass
+class CompiledModel:
+    model: onnx.ModelProto                 # the canonical quantized ONNX that was imported
+    input_names: list[str]
+    output_names: list[str]
+    stages: dict[str, str]                 # stage -> MLIR text
+    report: lowering.LoweringReport
+    operator_locations: list               # [(onnx op type, "LINE:COL")] of the torch_onnx text
+    timings: dict[str, float] = field(default_factory=dict)
+    _program: object = None
+
+    def ir(self, stage: str = "torq_hl") -> str:
+        if stage not in self.stages:
+            raise TorqError(f"unknown IR stage {stage!r}; choose one of {', '.join(STAGES)}")
+        return self.stages[stage]
+
+    @property
+    def program(self):
+        """The NSS program (built on first use; refuses modules with unsupported ops)."""
+        if self._program is None:
+            from ..runtime.nss import NssProgram
+            from . import importer as _imp
+            module = _imp.parse(self.stages["torq_hl"], filename="model.torq_hl.mlir")
+            self._program = NssProgram(module, self.report.unsupported)
+        return self._program
+
+    def run(self, inputs: dict[str, np.ndarray], rounding: str = "native") -> dict[str, np.ndarray]:
+        missing = [n for n in self.input_names if n not in inputs]
+        if missing:
+            raise TorqError(f"missing input(s): {', '.join(missing)}")
+        outs = self.program.run([np.asarray(inputs[n]) for n in self.input_names], rounding)
+        return dict(zip(self.output_names, outs))
+
+
+def _graph_io(model):
+    inits = {i.name for i in model.graph.initializer}
+    return ([i.name for i in model.graph.input if i.name not in inits], [o.name for o in model.graph.output])
+
+
+def compile(model, debug_ir: str | os.PathLike | None = None, name: str | None = None) -> CompiledModel:  # noqa: A001
+    """Compile a quantized ONNX model (path or ModelProto) to torq_hl.
+
+    debug_ir: a folder that receives <name>.<stage>.mlir for every stage."""
+    from ..graph.load import load_model
+    t0 = time.perf_counter()
+    if name is None:
+        name = Path(model).stem if isinstance(model, (str, os.PathLike)) else (model.graph.name or "model")
+    model = load_model(model)
+    try:
+        from ..graph.canonicalize import canonicalize
+    except ImportError:  # pragma: no cover - canonicalisation lands separately
+        canonicalize = None
+    if canonicalize is not None:
+        model = canonicalize(model)
+    stages: dict[str, str] = {}
+    imported = importer.import_onnx(model)
+    t1 = time.perf_counter()
+
+    def dump(stage, module):
+        stages[stage] = imported.text if stage == "torch_onnx" else module.operation.get_asm()
+
+    module = importer.lower_to_linalg(imported, dump=dump)
+    t2 = time.perf_counter()
+    report = lowering.lower(module)
+    stages["torq_hl"] = module.operation.get_asm()
+    t3 = time.perf_counter()
+    ins, outs = _graph_io(model)
+    compiled = CompiledModel(model, ins, outs, stages, report, imported.operator_locations,
+                             {"import_s": t1 - t0, "linalg_s": t2 - t1, "torq_hl_s": t3 - t2})
+    if debug_ir is not None:
+        for stage, text in stages.items():
+            atomic_write_text(Path(debug_ir) / f"{name}.{stage}.mlir", text)
+    return compiled

@@ -1,0 +1,134 @@
+"""The `torq_hl` dialect: integer-only TORQ NPU ops, registered at run time with IRDL.
+
+Operands follow the reference compiler (research torq-compiler.md §3.4): an `init` tensor
+(tensor.empty of the result type) first, then constant operands (weights, scale_bias), then data.
+Every attribute the NPU needs is on the op; attributes prefixed `ort_` are additions that let the
+simulator's `ort` rounding mode reproduce ONNX Runtime's float requantisation exactly.
+
+Semantics (NCHW, int8 activations; see runtime/nss.py and compiler/fixed_point.py):
+  conv2d / depthwise_conv2d: acc = conv(pad(input, value=input_zp), weights) + bias' ;
+      scale_bias = [bias'_0, mult_0, bias'_1, mult_1, ...] (i32, 2*O), weights already w - w_zp;
+      out = ACT(acc, mult_c, shift_factor, output_zp, output_min, output_max)
+  fully_connected: same with a matmul, weights [O, K]
+  add:   t = (a - zp_a) * m_a + (b - zp_b) * m_b  (i64), out = round_shift(t, shift_factor) + output_zp
+  avg_pool2d: acc = sum(input - input_zp) over the window; per-count multiplier (global: one)
+  maxpool2d: integer max over the window (padding never wins)
+  table: out = table[input - (-128)]  (256 i32 entries, one per int8 input value)
+  act / mul / fma: the bf16 fallback for standalone Quantize/Dequantize (seed §4.4.2)
+"""
+from __future__ import annotations
+
+import numpy as np
+
+I32, I64A, F32A, STR, DENSE = "i32", "i64_array", "f32_array", "str", "dense"
+
+# op name -> (operand names, {attribute: kind})
+OPS: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {
+    "conv2d": (("init", "weights", "scale_bias", "input"), {
+        "input_zp": I32, "weight_zp": I32, "output_zp": I32, "output_min": I32, "output_max": I32,
+        "shift_factor": I32, "groups": I32, "pad": I64A, "stride": I64A, "dilation": I64A,
+        "ort_scale": F32A}),
+    "depthwise_conv2d": (("init", "weights", "scale_bias", "input"), {
+        "input_zp": I32, "weight_zp": I32, "output_zp": I32, "output_min": I32, "output_max": I32,
+        "shift_factor": I32, "groups": I32, "pad": I64A, "stride": I64A, "dilation": I64A,
+        "ort_scale": F32A}),
+    "fully_connected": (("init", "weights", "scale_bias", "input"), {
+        "input_zp": I32, "weight_zp": I32, "output_zp": I32, "output_min": I32, "output_max": I32,
+        "shift_factor": I32, "ort_scale": F32A}),
+    "add": (("init", "input1", "input2"), {
+        "input_zp": I32, "output_zp": I32, "output_min": I32, "output_max": I32, "shift_factor": I32,
+        "weights": I64A, "scale_bias": I64A, "input_zps": I64A,
+        "ort_input_scales": F32A, "ort_output_scale": F32A}),
+    "avg_pool2d": (("init", "input"), {
+        "input_zp": I32, "output_zp": I32, "output_min": I32, "output_max": I32, "shift_factor": I32,
+        "scale_bias": I64A, "kernel": I64A, "stride": I64A, "pad": I64A, "count_include_pad": I32,
+        "ort_input_scale": F32A, "ort_output_scale": F32A}),
+    "maxpool2d": (("init", "input"), {"kernel": I64A, "stride": I64A, "pad": I64A, "dilation": I64A}),
+    "table": (("init", "input"), {"table": I64A}),
+    "act": (("init", "input"), {"mode": STR}),
+    "mul": (("init", "input"), {"multiplier": F32A, "bias": F32A, "ort_scale": F32A, "ort_zp": I32,
+                                "ort_mode": STR}),
+    "fma": (("init", "input"), {"output_min": I32, "output_max": I32}),
+}
+
+_IRDL_KIND = {I32: '"#builtin.integer"', I64A: '"#builtin.dense_array"', F32A: '"#builtin.dense_array"',
+              STR: '"#builtin.string"'}
+
+
+def irdl_text() -> str:
+    """IRDL source for the dialect: every operand typed `any`, every attribute by its base kind."""
+    lines = ["irdl.dialect @torq_hl {"]
+    for name, (operands, attrs) in OPS.items():
+        lines.append(f"  irdl.operation @{name} {{")
+        for i, _ in enumerate(operands):
+            lines.append(f"    %o{i} = irdl.any")
+        lines.append("    %r = irdl.any")
+        for i, (a, kind) in enumerate(attrs.items()):
+            lines.append(f"    %a{i} = irdl.base {_IRDL_KIND[kind]}")
+        ops = ", ".join(f"{n}: %o{i}" for i, n in enumerate(operands))
+        lines.append(f"    irdl.operands({ops})")
+        if attrs:
+            at = ", ".join(f'"{a}" = %a{i}' for i, a in enumerate(attrs))
+            lines.append(f"    irdl.attributes {{{at}}}")
+        lines.append("    irdl.results(output: %r)")
+        lines.append("  }")
+    lines.append("}")
+    return "\n".join(lines)
+
+
+def register_dialect(ctx) -> None:
+    from torch_mlir import ir
+    from torch_mlir.dialects import irdl
+
+    with ctx, ir.Location.unknown():
+        irdl.load_dialects(ir.Module.parse(irdl_text()))
+
+
+def make_attr(kind: str, value):
+    from torch_mlir import ir
+
+    if kind == I32:
+        return ir.IntegerAttr.get(ir.IntegerType.get_signless(32), int(value))
+    if kind == I64A:
+        return ir.DenseI64ArrayAttr.get([int(v) for v in np.ravel(value)])
+    if kind == F32A:
+        return ir.DenseF32ArrayAttr.get([float(v) for v in np.ravel(np.asarray(value, np.float32))])
+    if kind == STR:
+        return ir.StringAttr.get(str(value))
+    raise ValueError(kind)
+
+
+def read_attr(kind: str, attr):
+    """Attribute -> python/numpy value (inverse of make_attr)."""
+    if kind == I32:
+        return int(attr.value)
+    if kind == I64A:
+        return np.array(list(attr), dtype=np.int64)
+    if kind == F32A:
+        return np.array(list(attr), dtype=np.float32)
+    if kind == STR:
+        return str(attr.value)
+    raise ValueError(kind)
+
+
+def create(name: str, result_type, operands, attrs: dict, loc, ip):
+    """Build a torq_hl op; checks every attribute of the op is given, and no stray one."""
+    from torch_mlir import ir
+
+    names, kinds = OPS[name]
+    if len(operands) != len(names):
+        raise ValueError(f"torq_hl.{name} takes {names}")
+    missing = set(kinds) - set(attrs)
+    extra = set(attrs) - set(kinds)
+    if missing or extra:
+        raise ValueError(f"torq_hl.{name}: missing {sorted(missing)} unexpected {sorted(extra)}")
+    return ir.Operation.create(f"torq_hl.{name}", results=[result_type], operands=list(operands),
+                               attributes={k: make_attr(kinds[k], v) for k, v in attrs.items()},
+                               loc=loc, ip=ip)
+
+
+def op_attrs(op) -> dict:
+    """All attributes of a torq_hl op as python/numpy values."""
+    name = op.name.split(".", 1)[1]
+    _, kinds = OPS[name]
+    return {k: read_attr(kind, op.attributes[k]) for k, kind in kinds.items()}

@@ -1,0 +1,273 @@
+"""The NSS simulator: executes a lowered module (torq_hl ops + data movement) with numpy.
+
+It computes only from the module: weights, scale_bias, zero points and shifts are read from the
+ops' attributes and constant operands. It never calls ONNX Runtime or IREE: it is the independent
+implementation they are checked against. Any op that is neither torq_hl nor data movement is
+refused at load time with "not supported on NSS: <op> at LINE:COL: <reason>".
+
+Two rounding modes:
+  native  what the NPU computes (fixed-point multiplier, round half toward +inf; bf16 fallbacks)
+  ort     what ONNX Runtime's x86 CPU EP computes for the same quantized ops (float requant, RNE)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..compiler import fixed_point
+from ..compiler import linalg_view as L
+from ..compiler import torq_hl
+from ..compiler.lowering import DATA_MOVEMENT, Unsupported, func_ops
+from ..errors import TorqError
+from . import kernels
+
+ROUNDING_MODES = ("native", "ort")
+
+
+@dataclass
+class Step:
+    fn: object          # fn(args: list[np.ndarray], rounding: str) -> np.ndarray
+    args: list          # slots of the operands it reads
+    out: int            # slot it writes
+    name: str
+    location: str
+
+
+class NssProgram:
+    """A lowered module compiled once into a list of numpy steps; `run` executes it."""
+
+    def __init__(self, module, unsupported_reasons: list[Unsupported] | None = None):
+        self.slots: dict = {}
+        self.consts: dict[int, np.ndarray] = {}
+        self.steps: list[Step] = []
+        self.trace = False
+        reasons = {(u.op, u.location): u for u in (unsupported_reasons or [])}
+        ops = func_ops(module)
+        func = [o for o in module.body.operations if o.operation.name == "func.func"][0]
+        self.n_inputs = len(func.regions[0].blocks[0].arguments)
+        for i in range(self.n_inputs):
+            self.slots[("arg", i)] = i
+        self._next = self.n_inputs
+        self.outputs: list[int] = []
+        self.output_dtypes = []
+        bad = []
+        folder = L.Folder()
+        for op in ops:
+            name = op.name
+            if name == "func.return":
+                self.outputs = [self._slot(v) for v in op.operands]
+                self.output_dtypes = [L.np_dtype(v.type) for v in op.operands]
+                continue
+            if not (name.startswith("torq_hl.") or name in DATA_MOVEMENT):
+                loc = L.location_key(op)
+                bad.append(reasons.get((name, loc)) or Unsupported(name, loc, "no torq_hl lowering"))
+                continue
+            out = self._new_slot(op.results[0])
+            if name == "arith.constant":
+                self.consts[out] = folder.value(op.results[0])
+                continue
+            if name == "tensor.empty":
+                continue
+            fn, args = self._compile(op, folder)
+            self.steps.append(Step(fn, [self._slot(a) for a in args], out, name, L.location_key(op)))
+        if bad:
+            raise TorqError(str(bad[0]) + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""))
+        self.unsupported = bad
+
+    # -- slots
+    def _key(self, value):
+        op = L.producer(value)
+        if op is None:
+            return ("arg", value.arg_number)
+        return (L.id_of(op), value.result_number)
+
+    def _slot(self, value):
+        return self.slots[self._key(value)]
+
+    def _new_slot(self, value):
+        s = self._next
+        self._next += 1
+        self.slots[self._key(value)] = s
+        return s
+
+    # -- op compilation
+    def _compile(self, op, folder):
+        name = op.name
+        rshape = L.shape_of(op.results[0])
+        rtype = L.np_dtype(op.results[0].type)
+        if name.startswith("torq_hl."):
+            return _TORQ[name[8:]](op, folder, rtype), list(op.operands)[1:]
+        if name == "tensor.pad":
+            low, high = L.attr_ints(op, "static_low"), L.attr_ints(op, "static_high")
+            yielded = list(op.regions[0].blocks[0].operations)[-1].operands[0]
+            value = folder.value(yielded)
+            if value is None:
+                raise TorqError(f"not supported on NSS: tensor.pad at {L.location_key(op)}: non-constant padding")
+            widths = list(zip(low, high))
+            return (lambda a, r: np.pad(a[0], widths, constant_values=value)), [op.operands[0]]
+        if name in ("tensor.collapse_shape", "tensor.expand_shape", "tensor.reshape", "tensor.cast"):
+            return (lambda a, r: a[0].reshape(rshape)), [op.operands[0]]
+        if name == "linalg.transpose":
+            perm = L.attr_ints(op, "permutation")
+            return (lambda a, r: np.ascontiguousarray(np.transpose(a[0], perm))), [op.operands[0]]
+        if name == "linalg.broadcast":
+            dims = tuple(L.attr_ints(op, "dimensions"))
+            return (lambda a, r: np.broadcast_to(np.expand_dims(a[0], dims), rshape).copy()), [op.operands[0]]
+        if name == "linalg.fill":
+            return (lambda a, r: np.full(rshape, a[0], dtype=rtype)), [op.operands[0]]
+        if name == "tensor.extract_slice":
+            off, size, stride = (L.attr_ints(op, k) for k in ("static_offsets", "static_sizes", "static_strides"))
+            if len(op.operands) > 1:
+                raise TorqError(f"not supported on NSS: tensor.extract_slice at {L.location_key(op)}: dynamic slice")
+            sl = tuple(slice(o, o + s * st, st) for o, s, st in zip(off, size, stride))
+            return (lambda a, r: a[0][sl].reshape(rshape)), [op.operands[0]]
+        if name == "tensor.concat":
+            dim = int(op.attributes["dim"].value)
+            return (lambda a, r: np.concatenate(a, axis=dim)), list(op.operands)
+        raise TorqError(f"not supported on NSS: {name} at {L.location_key(op)}: no simulator kernel")
+
+    # -- execution
+    def run(self, inputs: list[np.ndarray], rounding: str = "native") -> list[np.ndarray]:
+        if rounding not in ROUNDING_MODES:
+            raise TorqError(f"--rounding must be one of {', '.join(ROUNDING_MODES)}, not {rounding!r}")
+        if len(inputs) != self.n_inputs:
+            raise TorqError(f"the model takes {self.n_inputs} inputs, got {len(inputs)}")
+        env: list = [None] * self._next
+        env[:self.n_inputs] = inputs
+        for s, v in self.consts.items():
+            env[s] = v
+        for st in self.steps:
+            env[st.out] = st.fn([env[a] for a in st.args], rounding)
+        return [np.asarray(env[o]).astype(dt, copy=False) for o, dt in zip(self.outputs, self.output_dtypes)]
+
+
+# ---------------------------------------------------------------- torq_hl kernels
+
+def _rescale(acc, attrs, scale_bias, rounding, rtype):
+    """ACT stage shared by conv / fc: native fixed point or ORT float requant (per channel, axis 1)."""
+    mult = scale_bias[1::2]
+    if rounding == "native":
+        y = fixed_point.act_native(acc, mult, attrs["shift_factor"], attrs["output_zp"],
+                                   attrs["output_min"], attrs["output_max"], axis=1)
+    else:
+        y = fixed_point.requant_ort(acc, attrs["ort_scale"], attrs["output_zp"],
+                                    attrs["output_min"], attrs["output_max"], axis=1)
+    return np.asarray(y).astype(rtype)
+
+
+def _conv(op, folder, rtype):
+    a = torq_hl.op_attrs(op)
+
+    def fn(args, rounding):
+        w, sb, x = args
+        bias = sb[0::2].astype(np.int64)
+        acc = kernels.conv2d_acc(x, w, bias, list(a["pad"]), a["input_zp"], list(a["stride"]),
+                                 list(a["dilation"]), a["groups"])
+        return _rescale(acc, a, sb.astype(np.int64), rounding, rtype)
+    return fn
+
+
+def _fc(op, folder, rtype):
+    a = torq_hl.op_attrs(op)
+
+    def fn(args, rounding):
+        w, sb, x = args
+        acc = kernels.fc_acc(x, w, sb[0::2].astype(np.int64))
+        return _rescale(acc, a, sb.astype(np.int64), rounding, rtype)
+    return fn
+
+
+def _add(op, folder, rtype):
+    a = torq_hl.op_attrs(op)
+    za, zb = (int(v) for v in a["input_zps"])
+    ma, mb = (int(v) for v in a["weights"])
+    sa, sb_ = (np.float32(v) for v in a["ort_input_scales"])
+    sc = np.float32(a["ort_output_scale"][0])
+
+    def fn(args, rounding):
+        x, y = args
+        if rounding == "native":
+            t = (x.astype(np.int64) - za) * ma + (y.astype(np.int64) - zb) * mb
+            out = np.clip(fixed_point.ntp_shift(t, a["shift_factor"]) + a["output_zp"],
+                          a["output_min"], a["output_max"])
+        else:
+            out = fixed_point.add_ort(x, y, sa, za, sb_, zb, sc, a["output_zp"], a["output_min"], a["output_max"])
+        return np.asarray(out).astype(rtype)
+    return fn
+
+
+def _avgpool(op, folder, rtype):
+    a = torq_hl.op_attrs(op)
+    xs, ys = np.float32(a["ort_input_scale"][0]), np.float32(a["ort_output_scale"][0])
+    kernel, stride, pad = list(a["kernel"]), list(a["stride"]), list(a["pad"])
+
+    def fn(args, rounding):
+        (x,) = args
+        is_global = kernel == list(x.shape[2:]) and not any(pad)
+        if rounding == "ort":
+            if is_global:
+                n = x.shape[2] * x.shape[3]
+                acc = x.astype(np.int64).sum(axis=(2, 3), keepdims=True) - a["input_zp"] * n
+                out = fixed_point.global_avgpool_ort(acc, n, xs, ys, a["output_zp"],
+                                                     a["output_min"], a["output_max"])
+            else:
+                out = fixed_point.avgpool_ort(x, kernel, stride, pad, bool(a["count_include_pad"]), xs,
+                                              a["input_zp"], ys, a["output_zp"], a["output_min"], a["output_max"])
+            return np.asarray(out).astype(rtype)
+        s, counts = kernels.pool_sum(x, kernel, stride, pad, bool(a["count_include_pad"]), a["input_zp"])
+        out = fixed_point.avgpool_native(s, counts, xs, ys, a["output_zp"], a["output_min"], a["output_max"])
+        return np.asarray(out).astype(rtype)
+    return fn
+
+
+def _maxpool(op, folder, rtype):
+    a = torq_hl.op_attrs(op)
+    return lambda args, r: kernels.maxpool(args[0], list(a["kernel"]), list(a["stride"]), list(a["pad"]),
+                                           list(a["dilation"])).astype(rtype)
+
+
+def _table(op, folder, rtype):
+    table = torq_hl.op_attrs(op)["table"].astype(rtype)
+    return lambda args, r: table[args[0].astype(np.int64) + 128]
+
+
+def _act(op, folder, rtype):
+    mode = torq_hl.op_attrs(op)["mode"]
+
+    def fn(args, rounding):
+        (x,) = args
+        if mode == "f2f":   # to or from bf16: rounding only when narrowing, and only on the NPU
+            narrowing = str(op.results[0].type).endswith("xbf16>")
+            return fixed_point.to_bf16(x) if (narrowing and rounding == "native") else x.astype(np.float32)
+        if mode == "i2f":
+            return x.astype(np.float32)
+        if mode == "f2i":
+            return np.rint(x).astype(np.int64)
+        raise TorqError(f"torq_hl.act mode {mode!r} is not simulated")
+    return fn
+
+
+def _mul(op, folder, rtype):
+    a = torq_hl.op_attrs(op)
+    m, b = np.float32(a["multiplier"][0]), np.float32(a["bias"][0])
+    s, zp, qmode = np.float32(a["ort_scale"][0]), int(a["ort_zp"]), a["ort_mode"]
+
+    def fn(args, rounding):
+        (x,) = args
+        if rounding == "native":
+            return fixed_point.to_bf16(fixed_point.to_bf16(x * m) + b)
+        if qmode == "quantize":   # ORT QuantizeLinear: RNE(x / s) + zp (true division)
+            return np.rint(np.divide(x, s, dtype=np.float32)) + np.float32(zp)
+        return fixed_point.dequantize_ort(x.astype(np.int64), s, zp)
+    return fn
+
+
+def _fma(op, folder, rtype):
+    a = torq_hl.op_attrs(op)
+    return lambda args, r: np.clip(args[0], a["output_min"], a["output_max"]).astype(rtype)
+
+
+_TORQ = {"conv2d": _conv, "depthwise_conv2d": _conv, "fully_connected": _fc, "add": _add,
+         "avg_pool2d": _avgpool, "maxpool2d": _maxpool, "table": _table, "act": _act, "mul": _mul,
+         "fma": _fma}
