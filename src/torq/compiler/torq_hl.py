@@ -2,8 +2,10 @@
 
 Operands follow the reference compiler (research torq-compiler.md §3.4): an `init` tensor
 (tensor.empty of the result type) first, then constant operands (weights, scale_bias), then data.
-Every attribute the NPU needs is on the op; attributes prefixed `ort_` are additions that let the
-simulator's `ort` rounding mode reproduce ONNX Runtime's float requantisation exactly.
+Every attribute the NPU needs is on the op; attributes prefixed `ort_` are additions: the float32
+quantization parameters (`ort_dq_scale` = fl32(x_scale·w_scale[c]), `ort_output_scale` = y_scale,
+...) from which the simulator's `ort` rounding mode reproduces ONNX Runtime's float requantisation
+exactly, and from which native-vs-ORT differences are explained.
 
 Semantics (NCHW, int8 activations; see runtime/nss.py and compiler/fixed_point.py):
   conv2d / depthwise_conv2d: acc = conv(pad(input, value=input_zp), weights) + bias' ;
@@ -27,14 +29,14 @@ OPS: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {
     "conv2d": (("init", "weights", "scale_bias", "input"), {
         "input_zp": I32, "weight_zp": I32, "output_zp": I32, "output_min": I32, "output_max": I32,
         "shift_factor": I32, "groups": I32, "pad": I64A, "stride": I64A, "dilation": I64A,
-        "ort_scale": F32A}),
+        "ort_dq_scale": F32A, "ort_output_scale": F32A}),
     "depthwise_conv2d": (("init", "weights", "scale_bias", "input"), {
         "input_zp": I32, "weight_zp": I32, "output_zp": I32, "output_min": I32, "output_max": I32,
         "shift_factor": I32, "groups": I32, "pad": I64A, "stride": I64A, "dilation": I64A,
-        "ort_scale": F32A}),
+        "ort_dq_scale": F32A, "ort_output_scale": F32A}),
     "fully_connected": (("init", "weights", "scale_bias", "input"), {
         "input_zp": I32, "weight_zp": I32, "output_zp": I32, "output_min": I32, "output_max": I32,
-        "shift_factor": I32, "ort_scale": F32A}),
+        "shift_factor": I32, "ort_dq_scale": F32A, "ort_output_scale": F32A}),
     "add": (("init", "input1", "input2"), {
         "input_zp": I32, "output_zp": I32, "output_min": I32, "output_max": I32, "shift_factor": I32,
         "weights": I64A, "scale_bias": I64A, "input_zps": I64A,

@@ -32,6 +32,7 @@ class Step:
     out: int            # slot it writes
     name: str
     location: str
+    explain: object = None  # explain(args, ort_out) -> (native_out, causes) for rescaling ops
 
 
 class NssProgram:
@@ -70,7 +71,8 @@ class NssProgram:
             if name == "tensor.empty":
                 continue
             fn, args = self._compile(op, folder)
-            self.steps.append(Step(fn, [self._slot(a) for a in args], out, name, L.location_key(op)))
+            self.steps.append(Step(fn, [self._slot(a) for a in args], out, name, L.location_key(op),
+                                   getattr(fn, "explain", None)))
         if bad:
             raise TorqError(str(bad[0]) + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""))
         self.unsupported = bad
@@ -128,7 +130,9 @@ class NssProgram:
         raise TorqError(f"not supported on NSS: {name} at {L.location_key(op)}: no simulator kernel")
 
     # -- execution
-    def run(self, inputs: list[np.ndarray], rounding: str = "native") -> list[np.ndarray]:
+    def run(self, inputs: list[np.ndarray], rounding: str = "native", explain: bool = False):
+        """Execute; with explain=True (ort rounding) also return, per rescaling op, how the native
+        NPU result differs from ORT's on the very same inputs: [OpDiff]."""
         if rounding not in ROUNDING_MODES:
             raise TorqError(f"--rounding must be one of {', '.join(ROUNDING_MODES)}, not {rounding!r}")
         if len(inputs) != self.n_inputs:
@@ -137,9 +141,35 @@ class NssProgram:
         env[:self.n_inputs] = inputs
         for s, v in self.consts.items():
             env[s] = v
+        diffs = []
         for st in self.steps:
-            env[st.out] = st.fn([env[a] for a in st.args], rounding)
-        return [np.asarray(env[o]).astype(dt, copy=False) for o, dt in zip(self.outputs, self.output_dtypes)]
+            args = [env[a] for a in st.args]
+            env[st.out] = st.fn(args, rounding)
+            if explain and st.explain is not None:
+                diffs.append(OpDiff(st.name, st.location, *st.explain(args, env[st.out])))
+        outs = [np.asarray(env[o]).astype(dt, copy=False) for o, dt in zip(self.outputs, self.output_dtypes)]
+        return (outs, diffs) if explain else outs
+
+
+@dataclass
+class OpDiff:
+    """Native-vs-ORT rounding of one op on identical inputs."""
+    op: str
+    location: str
+    size: int
+    differ: int
+    max_lsb: int
+    causes: dict
+
+    @property
+    def explained(self) -> bool:
+        return self.max_lsb <= 1 and not self.causes.get("other")
+
+
+def _diff(native, ort):
+    d = np.abs(native.astype(np.int64) - ort.astype(np.int64))
+    mask = d > 0
+    return mask, int(d.max(initial=0))
 
 
 # ---------------------------------------------------------------- torq_hl kernels
@@ -151,31 +181,55 @@ def _rescale(acc, attrs, scale_bias, rounding, rtype):
         y = fixed_point.act_native(acc, mult, attrs["shift_factor"], attrs["output_zp"],
                                    attrs["output_min"], attrs["output_max"], axis=1)
     else:
-        y = fixed_point.requant_ort(acc, attrs["ort_scale"], attrs["output_zp"],
+        y = fixed_point.requant_ort(acc, attrs["ort_requant_scale"], attrs["output_zp"],
                                     attrs["output_min"], attrs["output_max"], axis=1)
     return np.asarray(y).astype(rtype)
 
 
+def _with_acc(acc_fn, a, rtype, ys):
+    """Step function for accumulate-then-rescale ops, plus its native-vs-ORT explainer."""
+    def fn(args, rounding):
+        return _rescale(acc_fn(args), a, args[1].astype(np.int64), rounding, rtype)
+
+    def explain(args, ort_out):
+        acc = acc_fn(args)
+        native = _rescale(acc, a, args[1].astype(np.int64), "native", rtype)
+        mask, mx = _diff(native, ort_out)
+        chan = np.nonzero(mask)[1] if acc.ndim > 1 else np.zeros(int(mask.sum()), int)
+        dq = a["ort_dq_scale"]
+        causes = fixed_point.explain_diffs(acc[mask], [((float(dq[c]),), (ys,)) for c in chan]) \
+            if mask.any() else {}
+        return acc.size, int(mask.sum()), mx, causes
+    fn.explain = explain
+    return fn
+
+
+def _scales(a):
+    """Add the ORT requant scale fl32(fl32(xs·ws)/ys) (ORT's order) and y_scale to the attrs."""
+    ys = float(a["ort_output_scale"][0])
+    a["ort_requant_scale"] = fixed_point.ort_conv_scale(a["ort_dq_scale"], np.float32(1), np.float32(ys))
+    return ys
+
+
 def _conv(op, folder, rtype):
     a = torq_hl.op_attrs(op)
+    ys = _scales(a)
 
-    def fn(args, rounding):
+    def acc_fn(args):
         w, sb, x = args
-        bias = sb[0::2].astype(np.int64)
-        acc = kernels.conv2d_acc(x, w, bias, list(a["pad"]), a["input_zp"], list(a["stride"]),
-                                 list(a["dilation"]), a["groups"])
-        return _rescale(acc, a, sb.astype(np.int64), rounding, rtype)
-    return fn
+        return kernels.conv2d_acc(x, w, sb[0::2].astype(np.int64), list(a["pad"]), a["input_zp"],
+                                  list(a["stride"]), list(a["dilation"]), a["groups"])
+    return _with_acc(acc_fn, a, rtype, ys)
 
 
 def _fc(op, folder, rtype):
     a = torq_hl.op_attrs(op)
+    ys = _scales(a)
 
-    def fn(args, rounding):
+    def acc_fn(args):
         w, sb, x = args
-        acc = kernels.fc_acc(x, w, sb[0::2].astype(np.int64))
-        return _rescale(acc, a, sb.astype(np.int64), rounding, rtype)
-    return fn
+        return kernels.fc_acc(x, w, sb[0::2].astype(np.int64))
+    return _with_acc(acc_fn, a, rtype, ys)
 
 
 def _add(op, folder, rtype):
@@ -194,6 +248,14 @@ def _add(op, folder, rtype):
         else:
             out = fixed_point.add_ort(x, y, sa, za, sb_, zb, sc, a["output_zp"], a["output_min"], a["output_max"])
         return np.asarray(out).astype(rtype)
+
+    def explain(args, ort_out):
+        native = fn(args, "native")
+        mask, mx = _diff(native, ort_out)
+        x, y = (np.broadcast_to(v, ort_out.shape) for v in args)
+        causes = fixed_point.explain_add_diffs(x[mask], y[mask], sa, za, sb_, zb, sc) if mask.any() else {}
+        return ort_out.size, int(mask.sum()), mx, causes
+    fn.explain = explain
     return fn
 
 
@@ -218,6 +280,17 @@ def _avgpool(op, folder, rtype):
         s, counts = kernels.pool_sum(x, kernel, stride, pad, bool(a["count_include_pad"]), a["input_zp"])
         out = fixed_point.avgpool_native(s, counts, xs, ys, a["output_zp"], a["output_min"], a["output_max"])
         return np.asarray(out).astype(rtype)
+
+    def explain(args, ort_out):
+        native = fn(args, "native")
+        mask, mx = _diff(native, ort_out)
+        if not mask.any():
+            return ort_out.size, 0, 0, {}
+        s, counts = kernels.pool_sum(args[0], kernel, stride, pad, bool(a["count_include_pad"]), a["input_zp"])
+        cnt = np.broadcast_to(counts, s.shape)[mask]
+        causes = fixed_point.explain_diffs(s[mask], [((float(xs),), (float(ys), int(c))) for c in cnt])
+        return ort_out.size, int(mask.sum()), mx, causes
+    fn.explain = explain
     return fn
 
 

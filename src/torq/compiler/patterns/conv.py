@@ -173,8 +173,7 @@ class QConv2D:
         attrs = dict(input_zp=m.in_zp, weight_zp=0, output_zp=int(root.q.zp), output_min=root.q.lo,
                      output_max=root.q.hi, shift_factor=shift, groups=m.groups, pad=m.pad,
                      stride=m.stride, dilation=m.dilation,
-                     # fl32(fl32(xs·ws)/ys): dq_scale already is fl32(xs·ws)
-                     ort_scale=fixed_point.ort_conv_scale(m.dq_scale, np.float32(1), ys))
+                     ort_dq_scale=m.dq_scale, ort_output_scale=[ys])
         return emit(m.op_name, root, [weights, sb, m.x], attrs, m.conv)
 
 

@@ -119,7 +119,7 @@ class QFullyConnected:
         sb = constant(np.stack([bias, mults], axis=1).reshape(-1), "i32", loc, ip)
         attrs = dict(input_zp=m.in_zp, weight_zp=0, output_zp=int(root.q.zp), output_min=root.q.lo,
                      output_max=root.q.hi, shift_factor=shift,
-                     ort_scale=fixed_point.ort_conv_scale(m.dq_scale, np.float32(1), ys))
+                     ort_dq_scale=m.dq_scale, ort_output_scale=[ys])
         return emit("fully_connected", root, [weights, sb, m.x], attrs, m.mm)
 
 

@@ -1,0 +1,56 @@
+"""ONNX Runtime as the reference: the same quantized ONNX, on the CPU EP, with int8 QDQ fused.
+
+On x86, ORT leaves QDQ convs/matmuls with int8 activations in fp32 unless
+`session.qdqisint8allowed=1` (research numerics-proto §0); with it, every quantized op runs in
+ORT's integer kernels, which our `ort` rounding mode reproduces bit for bit.
+"""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+
+from ..errors import TorqError
+
+
+def session(model: onnx.ModelProto, threads: int = 0, optimized_model_path: str | None = None):
+    import onnxruntime as ort
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.add_session_config_entry("session.qdqisint8allowed", "1")
+    so.log_severity_level = 3
+    if threads:
+        so.intra_op_num_threads = threads
+    if optimized_model_path:
+        so.optimized_model_filepath = str(optimized_model_path)
+    try:
+        return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    except Exception as e:  # noqa: BLE001 - ORT raises its own types
+        raise TorqError(f"ONNX Runtime cannot load the model: {str(e).splitlines()[0]}") from None
+
+
+def run(model: onnx.ModelProto, inputs: dict[str, np.ndarray], sess=None) -> dict[str, np.ndarray]:
+    sess = sess or session(model)
+    names = [o.name for o in sess.get_outputs()]
+    return dict(zip(names, sess.run(names, inputs)))
+
+
+_NP = {"tensor(int8)": np.int8, "tensor(uint8)": np.uint8, "tensor(float)": np.float32,
+       "tensor(int32)": np.int32, "tensor(int16)": np.int16}
+
+
+def random_inputs(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
+    """Random inputs of the model's I/O types: full-range integers, uniform [-1, 1) floats."""
+    sess = session(model)
+    rng = np.random.default_rng(seed)
+    out = {}
+    for i in sess.get_inputs():
+        shape = [d if isinstance(d, int) and d > 0 else 1 for d in i.shape]
+        dt = _NP.get(i.type)
+        if dt is None:
+            raise TorqError(f"input {i.name!r} has unsupported type {i.type}")
+        if np.issubdtype(dt, np.integer):
+            info = np.iinfo(dt)
+            out[i.name] = rng.integers(info.min, info.max + 1, shape).astype(dt)
+        else:
+            out[i.name] = rng.uniform(-1, 1, shape).astype(dt)
+    return out
