@@ -1,0 +1,142 @@
+"""``torq-gen-config``: the user-facing CLI. One subparser + one ``_cmd_<name>(args)`` per subcommand.
+
+Adding a subcommand (``discover``, ``run``, ...): write ``_add_<name>(sub)`` that registers its
+parser with ``set_defaults(func=_cmd_<name>)``, and call it from ``build_parser``. Every error
+goes through ``run_main``: one line on stderr, exit code 2, no traceback, no partial output.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import textwrap
+from pathlib import Path
+
+from ..cli_util import run_main
+from ..errors import TorqError
+
+PROG = "torq-gen-config"
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but usage errors are one line too (like every other torq error)."""
+
+    def error(self, message: str):  # noqa: D401 - argparse API
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _fmt(text: str) -> str:
+    return textwrap.dedent(text).strip() + "\n"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog=PROG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=_fmt("""
+            Quantize ONNX models for the TORQ NPU and find, layer by layer, which executor
+            (NSS / CSS / HOST) can run each op.
+
+            subcommands:
+              quantize   static int8 quantization of an fp32 ONNX model (ONNX Runtime)
+              discover   per-layer executor discovery (coming)
+              run        apply a discovered executor map to the whole model (coming)
+        """),
+        epilog="Run '%(prog)s COMMAND --help' for the options of a subcommand.")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+    _add_quantize(sub)
+    return p
+
+
+# ----------------------------------------------------------------------------- quantize
+
+def _add_quantize(sub) -> None:
+    q = sub.add_parser(
+        "quantize", help="static int8 quantization of an fp32 ONNX model",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=_fmt("""
+            Statically quantize an fp32 ONNX model to int8 (A8W8) with ONNX Runtime and print
+            what changed (op counts, Q/DQ nodes, graph I/O, file sizes).
+
+            Calibration data: --calibration-data PATH (an .npz keyed by input name, or a folder
+            with one <input>.npy per input; first axis = samples); without it, --num-calib
+            deterministic synthetic samples, uniform in [-1, 1).
+        """),
+        epilog=_fmt("""
+            examples:
+              torq-gen-config quantize --model model.onnx
+              torq-gen-config quantize --model model.onnx --per-channel --full-integer
+              torq-gen-config quantize --model model.onnx --quant-format hybrid \\
+                  --calibration-data calib.npz --calibrate-method entropy -o model.q.onnx
+        """))
+    q.add_argument("--model", "-m", required=True, metavar="MODEL.onnx", help="fp32 ONNX model to quantize")
+    q.add_argument("--output", "-o", metavar="OUT.onnx",
+                   help="where to write the quantized model (default: <model stem>.int8.onnx next to the model)")
+    q.add_argument("--per-channel", action="store_true",
+                   help="one weight scale per output channel instead of one per tensor")
+    q.add_argument("--full-integer", action="store_true",
+                   help="int8 graph inputs/outputs: drop the input QuantizeLinear and output "
+                        "DequantizeLinear (I/O names are kept; scales go to model metadata 'torq.io_quant')")
+    q.add_argument("--quant-format", default="qdq", metavar="{qdq,qoperator,hybrid}",
+                   help="qdq: QuantizeLinear/DequantizeLinear around float ops (default); qoperator: "
+                        "QLinearConv/QGemm/...; hybrid: qoperator if every compute op has a compact "
+                        "QLinear form (Conv, Add, Mul, MatMul, pools, activations), else qdq")
+    q.add_argument("--quant-dtype", default="A8W8", metavar="A8W8",
+                   help="activation/weight types; only A8W8 (int8/int8) is supported")
+    q.add_argument("--calibrate-method", default="minmax", metavar="{minmax,entropy,percentile}",
+                   help="how activation ranges are chosen from calibration data (default minmax)")
+    q.add_argument("--num-calib", type=int, default=20, metavar="N",
+                   help="number of calibration samples (synthetic, or the first N of the dataset; default 20)")
+    q.add_argument("--calibration-data", metavar="PATH",
+                   help=".npz keyed by input name, or a folder of <input>.npy files (first axis = samples)")
+    q.set_defaults(func=_cmd_quantize)
+
+
+def default_output(model: Path) -> Path:
+    """``<stem>.int8.onnx`` next to the model."""
+    return model.with_name(f"{model.stem}.int8.onnx")
+
+
+def _cmd_quantize(args) -> int:
+    from ..graph.load import load_model
+    from ..quantize import quantize
+    from ..quantize.summary import summary_lines
+
+    model = Path(args.model)
+    out = Path(args.output) if args.output else default_output(model)
+    if model.exists() and out.exists() and out.resolve() == model.resolve():
+        raise TorqError(f"--output {out} would overwrite the input model; choose another path")
+    fp32 = load_model(model)  # validate before the spinner; also the "before" of the summary
+    _quiet_ort()
+    from rich.console import Console
+    with Console(stderr=True).status(f"Calibrating and quantizing {model.name} ..."):
+        q = quantize(model, out, calibration_data=args.calibration_data, num_calib=args.num_calib,
+                     per_channel=args.per_channel, full_integer=args.full_integer,
+                     quant_format=args.quant_format, quant_dtype=args.quant_dtype,
+                     calibrate_method=args.calibrate_method)
+    calib = f"{args.calibration_data} (first {args.num_calib})" if args.calibration_data \
+        else f"synthetic x{args.num_calib}"
+    settings = (f"{args.quant_dtype.upper()}, per-channel={args.per_channel}, "
+                f"full-integer={args.full_integer}, calibration={calib}, "
+                f"method={args.calibrate_method.lower()}")
+    print(f"{PROG} quantize: wrote {out}")
+    for line in summary_lines(fp32, q, src_path=model, out_path=out, settings=settings):
+        print("  " + line)
+    return 0
+
+
+def _quiet_ort() -> None:
+    """ORT's C++ logger prints warnings to stderr; a CLI keeps stderr for real errors."""
+    import onnxruntime as ort
+    ort.set_default_logger_severity(3)
+
+
+# ----------------------------------------------------------------------------- entry point
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return run_main(PROG, lambda: args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

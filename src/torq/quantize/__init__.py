@@ -1,0 +1,27 @@
+"""Static int8 quantization of fp32 ONNX models (ONNX Runtime ``quantize_static`` underneath).
+
+    from torq.quantize import quantize
+    q = quantize("model.onnx", "model.int8.onnx", per_channel=True, full_integer=True)
+"""
+import sys
+import types
+
+from .calibration import ArrayDataReader, SyntheticDataReader, load_dataset
+from .full_integer import convert_to_full_integer, io_quant_params
+from .static import quantize, resolve_hybrid
+
+__all__ = ["quantize", "resolve_hybrid", "convert_to_full_integer", "io_quant_params",
+           "SyntheticDataReader", "ArrayDataReader", "load_dataset"]
+
+
+class _CallableModule(types.ModuleType):
+    """``torq.quantize`` is both this package and the function (``torq.quantize(model)``).
+
+    ``torq/__init__.py`` exposes a lazy ``quantize()``; importing this package rebinds the
+    attribute ``torq.quantize`` to the module, so the module itself must stay callable."""
+
+    def __call__(self, *args, **kwargs):
+        return quantize(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule

@@ -1,0 +1,144 @@
+"""`torq-gen-config quantize` end to end in a subprocess: summary on success, one-line errors."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper
+
+from quant_models import model, run, vi
+from torq.examples import build_example_cnn
+
+
+def cli(*args, cwd=None):
+    env = dict(os.environ)
+    env.pop("TORQ_DEBUG", None)
+    return subprocess.run([sys.executable, "-m", "torq.gen_config.cli", *map(str, args)],
+                          capture_output=True, text=True, cwd=cwd, env=env, timeout=300)
+
+
+def test_quantize_default_output_and_summary(tmp_path):
+    build_example_cnn(tmp_path / "net.onnx")
+    r = cli("quantize", "--model", tmp_path / "net.onnx", "--full-integer", "--per-channel")
+    assert r.returncode == 0, r.stderr
+    assert r.stderr == ""
+    out = tmp_path / "net.int8.onnx"
+    q = onnx.load(out)
+    assert q.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.INT8
+    assert "ops fp32: Conv x4" in r.stdout
+    assert "QuantizeLinear x" in r.stdout and "DequantizeLinear x" in r.stdout
+    assert "input: int8[1,3,32,32]" in r.stdout and "logits: int8[1,10]" in r.stdout
+    assert "KiB" in r.stdout and str(out) in r.stdout
+    x = np.zeros((1, 3, 32, 32), np.int8)
+    assert run(q, {"input": x})["logits"].shape == (1, 10)
+
+
+def test_quantize_qoperator_with_dataset_and_output(tmp_path):
+    build_example_cnn(tmp_path / "net.onnx")
+    np.savez(tmp_path / "c.npz", input=np.random.default_rng(0).uniform(-1, 1, (4, 3, 32, 32)))
+    r = cli("quantize", "-m", tmp_path / "net.onnx", "-o", tmp_path / "o" / "q.onnx",
+            "--quant-format", "QOperator", "--calibrate-method", "entropy", "--num-calib", "4",
+            "--calibration-data", tmp_path / "c.npz")
+    assert r.returncode == 0, r.stderr
+    assert "QLinearConv x4" in r.stdout and "format:   qoperator" in r.stdout
+    assert (tmp_path / "o" / "q.onnx").is_file()
+
+
+def test_help_on_every_subcommand():
+    for args in (["--help"], ["quantize", "--help"]):
+        r = cli(*args)
+        assert r.returncode == 0 and "usage:" in r.stdout
+    assert "discover" in cli("--help").stdout
+    q = cli("quantize", "--help").stdout
+    for flag in ("--per-channel", "--full-integer", "--quant-format", "--quant-dtype",
+                 "--calibrate-method", "--num-calib", "--calibration-data", "--output"):
+        assert flag in q
+
+
+def _external(tmp_path, loc):
+    m = build_example_cnn()
+    p = tmp_path / "ext.onnx"
+    onnx.save_model(m, p, save_as_external_data=True, all_tensors_to_one_file=True,
+                    location="w.bin", size_threshold=0)
+    m = onnx.load(p, load_external_data=False)
+    for t in m.graph.initializer:
+        for e in t.external_data:
+            if e.key == "location":
+                e.value = loc
+    onnx.save(m, p)
+    return p
+
+
+def _make(kind, tmp_path):
+    good = build_example_cnn().SerializeToString()
+    p = tmp_path / f"{kind}.onnx"
+    if kind == "missing":
+        pass
+    elif kind == "directory":
+        p.mkdir()
+    elif kind == "empty":
+        p.write_bytes(b"")
+    elif kind == "random":
+        p.write_bytes(np.random.default_rng(1).bytes(3000))
+    elif kind == "truncated":
+        p.write_bytes(good[: len(good) * 2 // 3])
+    elif kind == "text":
+        p.write_text("<html><body>not a model</body></html>\n")
+    elif kind == "custom_op":
+        m = model([helper.make_node("Warp", ["x"], ["y"], name="warp_1", domain="vendor.x")],
+                  [vi("x", [1, 4])], [vi("y", [1, 4])],
+                  opsets=[helper.make_opsetid("", 17), helper.make_opsetid("vendor.x", 1)])
+        onnx.save(m, p)
+    elif kind == "external_escape":
+        p = _external(tmp_path, "../../etc/passwd")
+    elif kind == "quantized":
+        build_example_cnn(tmp_path / "fp.onnx")
+        assert cli("quantize", "--model", tmp_path / "fp.onnx", "-o", p).returncode == 0
+    return p
+
+
+@pytest.mark.parametrize("kind, expect", [
+    ("missing", "no such file"),
+    ("directory", "is a directory"),
+    ("empty", "empty file"),
+    ("random", "not an ONNX model"),
+    ("truncated", "not an ONNX model"),
+    ("text", "not an ONNX model"),
+    ("custom_op", "node 'warp_1' (Warp) uses unknown custom op domain 'vendor.x'"),
+    ("external_escape", "external data location '../../etc/passwd' points outside"),
+    ("quantized", "already quantized"),
+])
+def test_bad_models_give_one_line_errors(tmp_path, kind, expect):
+    p = _make(kind, tmp_path)
+    before = set(tmp_path.rglob("*"))
+    r = cli("quantize", "--model", p)
+    assert r.returncode != 0
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1, r.stderr
+    assert lines[0].startswith("torq-gen-config: error: ") and str(p) in lines[0]
+    assert expect in lines[0]
+    assert "Traceback" not in r.stderr + r.stdout
+    assert set(tmp_path.rglob("*")) == before  # no output file, no temp file
+
+
+@pytest.mark.parametrize("args, expect", [
+    (["--quant-format", "int4"], "supported values are qdq, qoperator, hybrid"),
+    (["--quant-dtype", "A16W16"], "supported values are A8W8"),
+    (["--calibrate-method", "mse"], "supported values are minmax, entropy, percentile"),
+    (["--num-calib", "zero"], "argument --num-calib: invalid int value"),
+    (["--calibration-data", "nope.npz"], "calibration data not found"),
+])
+def test_bad_flags_give_one_line_errors(tmp_path, args, expect):
+    build_example_cnn(tmp_path / "net.onnx")
+    r = cli("quantize", "--model", tmp_path / "net.onnx", *args, cwd=tmp_path)
+    assert r.returncode == 2
+    assert len(r.stderr.splitlines()) == 1 and expect in r.stderr, r.stderr
+    assert not (tmp_path / "net.int8.onnx").exists()
+
+
+def test_refuses_to_overwrite_input(tmp_path):
+    build_example_cnn(tmp_path / "net.onnx")
+    r = cli("quantize", "--model", tmp_path / "net.onnx", "-o", tmp_path / "net.onnx")
+    assert r.returncode == 2 and "overwrite the input" in r.stderr
