@@ -15,6 +15,7 @@ import onnx
 
 from ..errors import TorqError
 from ..fileio import atomic_write_text
+from ..graph import signedness
 from . import importer, lowering
 
 STAGES = ("torch_onnx", "torch", "linalg", "torq_hl")
@@ -22,13 +23,15 @@ STAGES = ("torch_onnx", "torch", "linalg", "torq_hl")
 
 @dataclass
 class CompiledModel:
-    model: onnx.ModelProto                 # the canonical quantized ONNX that was imported
+    model: onnx.ModelProto                 # the quantized ONNX as given (what ORT runs as reference)
     input_names: list[str]
     output_names: list[str]
     stages: dict[str, str]                 # stage -> MLIR text
     report: lowering.LoweringReport
     operator_locations: list               # [(onnx op type, "LINE:COL")] of the torch_onnx text
     timings: dict[str, float] = field(default_factory=dict)
+    uint8_inputs: list = field(default_factory=list)   # shifted to int8 at the boundary
+    uint8_outputs: list = field(default_factory=list)
     _program: object = None
 
     def ir(self, stage: str = "torq_hl") -> str:
@@ -50,8 +53,17 @@ class CompiledModel:
         missing = [n for n in self.input_names if n not in inputs]
         if missing:
             raise TorqError(f"missing input(s): {', '.join(missing)}")
-        outs = self.program.run([np.asarray(inputs[n]) for n in self.input_names], rounding)
-        return dict(zip(self.output_names, outs))
+        outs = self.program.run(self.feed(inputs), rounding)
+        return self.fetch(outs)
+
+    def feed(self, inputs: dict) -> list:
+        """Inputs in function order; uint8 activations shifted to the int8 the module computes with."""
+        return [signedness.shift_in(inputs[n]) if n in self.uint8_inputs else np.asarray(inputs[n])
+                for n in self.input_names]
+
+    def fetch(self, outs: list) -> dict:
+        return {n: signedness.shift_out(o) if n in self.uint8_outputs else o
+                for n, o in zip(self.output_names, outs)}
 
 
 def _graph_io(model):
@@ -68,12 +80,14 @@ def compile(model, debug_ir: str | os.PathLike | None = None, name: str | None =
     if name is None:
         name = Path(model).stem if isinstance(model, (str, os.PathLike)) else (model.graph.name or "model")
     model = load_model(model)
+    original = model
     try:
         from ..graph.canonicalize import canonicalize
     except ImportError:  # pragma: no cover - canonicalisation lands separately
         canonicalize = None
     if canonicalize is not None:
         model = canonicalize(model)
+    model, u8_in, u8_out = signedness.to_int8(model)
     stages: dict[str, str] = {}
     imported = importer.import_onnx(model)
     t1 = time.perf_counter()
@@ -87,8 +101,8 @@ def compile(model, debug_ir: str | os.PathLike | None = None, name: str | None =
     stages["torq_hl"] = module.operation.get_asm()
     t3 = time.perf_counter()
     ins, outs = _graph_io(model)
-    compiled = CompiledModel(model, ins, outs, stages, report, imported.operator_locations,
-                             {"import_s": t1 - t0, "linalg_s": t2 - t1, "torq_hl_s": t3 - t2})
+    compiled = CompiledModel(original, ins, outs, stages, report, imported.operator_locations,
+                             {"import_s": t1 - t0, "linalg_s": t2 - t1, "torq_hl_s": t3 - t2}, u8_in, u8_out)
     if debug_ir is not None:
         for stage, text in stages.items():
             atomic_write_text(Path(debug_ir) / f"{name}.{stage}.mlir", text)

@@ -25,13 +25,13 @@ def verify(compiled, seed: int = 0, modes=("native", "ort"), inputs=None) -> Ver
     inputs = inputs if inputs is not None else reference.random_inputs(compiled.model, seed)
     ref = reference.run(compiled.model, inputs)
     res = VerifyResult(lowered=dict(compiled.report.lowered), modes=tuple(modes))
-    feed = [inputs[n] for n in compiled.input_names]
+    feed = compiled.feed(inputs)
     for mode in modes:
         if mode == "ort":
             outs, res.op_diffs = compiled.program.run(feed, "ort", explain=True)
         else:
             outs = compiled.program.run(feed, mode)
-        for name, o in zip(compiled.output_names, outs):
+        for name, o in compiled.fetch(outs).items():
             res.outputs.append(compare.output_diff(name, mode, o, ref[name]))
     return res
 

@@ -63,6 +63,8 @@ class NssProgram:
             if not (name.startswith("torq_hl.") or name in DATA_MOVEMENT):
                 loc = L.location_key(op)
                 bad.append(reasons.get((name, loc)) or Unsupported(name, loc, "no torq_hl lowering"))
+                for r in op.results:
+                    self._new_slot(r)
                 continue
             out = self._new_slot(op.results[0])
             if name == "arith.constant":

@@ -163,11 +163,14 @@ def constant(array: np.ndarray, mlir_elem: str, loc, ip):
                                loc=loc, ip=ip).results[0]
 
 
-def emit(name: str, root: Root, operands, attrs: dict, loc_op):
-    """Create torq_hl.<name> just before the root quantize, typed like it, at loc_op's location."""
+def emit(name: str, root: Root, operands, attrs: dict, loc_op, result_type=None, shape_of=None):
+    """Create torq_hl.<name> just before the root quantize, typed like it (or with the element
+    type of `result_type` and the shape of `shape_of`), at loc_op's location."""
     from torch_mlir import ir
     ip = ir.InsertionPoint(root.op)
     rtype = root.op.results[0].type
+    if result_type is not None:
+        rtype = ir.RankedTensorType.get(list(L.shape_of(shape_of)), ir.RankedTensorType(result_type).element_type)
     init = empty(rtype, loc_op.location, ip)
     new = torq_hl.create(name, rtype, [init, *operands], attrs, loc_op.location, ip)
     return new
@@ -182,3 +185,13 @@ def weights_operand(w: np.ndarray, loc, ip):
 @dataclass
 class RuleSet:
     rules: list = field(default_factory=list)
+
+
+def lookup_table(*generics) -> np.ndarray:
+    """256-entry int8 -> int8 table: the given one-input elementwise generics (e.g. DQ, f, Q)
+    evaluated in order on every int8 value, exactly as the linalg computes them."""
+    y = np.arange(-128, 128, dtype=np.int8)
+    for g in generics:
+        shape = (256,) + (1,) * (len(g.out_shape) - 1)
+        y = g.evaluate({g.var_inputs[0]: np.asarray(y).reshape(shape)}, shape).ravel()
+    return np.asarray(y).astype(np.int64)

@@ -1,6 +1,9 @@
 """Quantized pools.
 
     Q ∘ pooling_nchw_max ∘ [pad] ∘ DQ             -> torq_hl.maxpool2d   (same in/out qparams)
+                                                  -> maxpool2d, table    (requantizing MaxPool:
+                                                     max commutes with the monotonic DQ, so the
+                                                     rescale is a 256-entry lookup of Q ∘ DQ)
     Q ∘ divf(N) ∘ pooling_nchw_sum ∘ [pad] ∘ DQ   -> torq_hl.avg_pool2d  (AveragePool with
                                                      count_include_pad=1, GlobalAveragePool)
 """
@@ -10,7 +13,7 @@ import numpy as np
 
 from .. import fixed_point
 from .. import linalg_view as L
-from .common import Ctx, Root, emit, pad_constant, scalar, strip_pad
+from .common import Ctx, Root, emit, lookup_table, pad_constant, scalar, strip_pad
 
 
 def _window(op):
@@ -31,17 +34,22 @@ class QMaxPool:
         if dq is None:
             return ctx.fail(op, "MaxPool input is not dequantized from an integer tensor")
         x, xs, xz = dq
-        if not (np.all(np.asarray(xs) == root.q.scale) and np.all(np.asarray(xz) == root.q.zp)):
-            return ctx.fail(op, "MaxPool input and output quantization differ")
-        if L.np_dtype(x.type) is not root.q.out_dtype:
-            return ctx.fail(op, "MaxPool changes the integer type")
-        return (op, x, pad)
+        if np.ndim(xs) or np.ndim(xz) or L.np_dtype(x.type) is not np.int8 or root.q.out_dtype is not np.int8:
+            return ctx.fail(op, "MaxPool needs per-tensor int8 input and output")
+        if np.asarray(xs) <= 0:
+            return ctx.fail(op, "MaxPool input scale is not positive")
+        same = xs == root.q.scale and xz == root.q.zp
+        return (op, x, pad, None if same else L.producer(op.operands[0] if padv is None else xin))
 
     def rewrite(self, ctx: Ctx, root: Root, m):
-        op, x, pad = m
+        op, x, pad, dq_op = m
         attrs = dict(kernel=_window(op), stride=L.attr_ints(op, "strides"), pad=pad,
                      dilation=L.attr_ints(op, "dilations"))
-        return emit("maxpool2d", root, [x], attrs, op)
+        if dq_op is None:
+            return emit("maxpool2d", root, [x], attrs, op)
+        pooled = emit("maxpool2d", root, [x], attrs, op, result_type=x.type, shape_of=op.results[0])
+        table = lookup_table(ctx.generic(dq_op), ctx.generic(root.op))
+        return emit("table", root, [pooled.results[0]], dict(table=table), op)
 
 
 class QAvgPool:

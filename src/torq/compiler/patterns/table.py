@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import linalg_view as L
-from .common import Ctx, Root, emit
+from .common import Ctx, Root, emit, lookup_table
 
 
 def _chain(ctx: Ctx, value):
@@ -46,23 +46,8 @@ class QTable:
 
     def rewrite(self, ctx: Ctx, root: Root, m):
         dq, fs, x = m
-        qg = ctx.generic(root.op)
-        v = np.arange(-128, 128, dtype=np.int8)
-        y = dq.evaluate({dq.var_inputs[0]: _flat(v, dq)}, _shape(dq)).ravel()
-        for g in fs:
-            y = g.evaluate({g.var_inputs[0]: _flat(y, g)}, _shape(g)).ravel()
-        table = qg.evaluate({qg.var_inputs[0]: _flat(y, qg)}, _shape(qg)).ravel().astype(np.int64)
+        table = lookup_table(dq, *fs, ctx.generic(root.op))
         return emit("table", root, [x], dict(table=table), fs[-1].op)
-
-
-def _shape(g):
-    return (256,) + (1,) * (len(g.out_shape) - 1)
-
-
-def _flat(arr, g):
-    """Lay a 256-vector on the generic's rank (evaluate broadcasts it on its output shape)."""
-    rank = len(g.out_shape)
-    return np.asarray(arr).reshape((256,) + (1,) * (rank - 1)) if rank else arr
 
 
 RULES = [QTable()]
