@@ -144,6 +144,16 @@ class Folder:
             g = Generic(op, self)
             if g.parallel and not g.var_inputs:
                 return g.evaluate()
+        if name == "tensor.extract":
+            x = self.value(op.operands[0])
+            idx = [self.value(i) for i in list(op.operands)[1:]]
+            return None if x is None or any(i is None for i in idx) else np.asarray(x[tuple(int(i) for i in idx)])
+        if name.startswith(("arith.", "math.")) and len(op.results) == 1:   # scalar arithmetic on constants
+            args = [self.value(o) for o in op.operands]
+            if any(a is None for a in args):
+                return None
+            attr = str(op.attributes["predicate"]) if "predicate" in op.attributes else ""
+            return np.asarray(eval_node(Node(name, tuple(args), attr + "|" + str(op.results[0].type)), {}))
         return None
 
 

@@ -23,7 +23,11 @@ integer semantics are unchanged; ORT fuses these groups back into the same QLine
 * ``QLinearConcat -> DQ per input, Concat(axis), Q``: contrib variadic op.
 * ``QLinearConv`` with per-channel w_scale *and* a bias ``-> DQ(x), DQ(w, axis 0),
   DQ(bias, scale fl32(x_scale*w_scale), zp 0), Conv, Q``: works around the torch-mlir bias bug.
-  Per-tensor QLinearConv, bias-less QLinearConv and QLinearMatMul are kept (lowered correctly).
+  The same for any QLinearConv with asymmetric pads: torch-mlir's QLinearConv lowering crashes
+  (segfault) on them, while the QDQ Conv path pads explicitly. Other per-tensor QLinearConv,
+  bias-less QLinearConv are kept (lowered correctly).
+* ``QLinearMatMul`` with per-column b_scale ``-> DQ(a), DQ(b, last axis), MatMul, Q``: torch-mlir
+  would fold the per-column scale into float weights and lose the integers. Per-tensor ones stay.
 * Any other ``com.microsoft`` op raises TorqError naming the node.
 
 Rewritten nodes keep their output tensor names; new tensors and nodes are named after the
@@ -194,19 +198,41 @@ def _qconcat(cx: _Ctx) -> None:
     cx.q(y, y_s, y_zp, *rest[2::3])
 
 
+def _asymmetric_pads(node: onnx.NodeProto) -> bool:
+    pads = _attrs(node).get("pads", [])
+    half = len(pads) // 2
+    return bool(pads) and list(pads[:half]) != list(pads[half:])
+
+
 def _qlinearconv(cx: _Ctx) -> None:
     x, x_s, x_zp, w, w_s, w_zp, y_s, y_zp, bias = _inputs(cx.node, 9)
-    # torch-mlir gets per-tensor and bias-less ones right; a dynamic w_scale can't be folded.
-    if not bias or w_s not in cx.inits or int(np.prod(cx.inits[w_s].dims)) == 1:
+    per_channel = w_s in cx.inits and int(np.prod(cx.inits[w_s].dims)) > 1
+    # torch-mlir gets per-tensor and bias-less ones right, except asymmetric padding, which
+    # crashes its QLinearConv lowering (segfault); a dynamic w_scale can't be folded.
+    if w_s not in cx.inits or not ((bias and per_channel) or _asymmetric_pads(cx.node)):
         cx.nodes.append(cx.node)
         return
     ws = cx.const(w_s).astype(np.float32).reshape(-1)
-    b_scale = cx.const(x_s).astype(np.float32).reshape(()) * ws          # fl32(x_s * w_s[c])
-    sb = cx.add_init("bias_scale", b_scale.astype(np.float32))
-    zb = cx.add_init("bias_zp", np.zeros(b_scale.shape, np.int32))
-    inputs = [cx.dq(x, x_s, x_zp, "dq_x"), cx.dq(w, w_s, w_zp, "dq_w", axis=0),
-              cx.dq(bias, sb, zb, "dq_bias", axis=0)]
+    axis = 0 if per_channel else None
+    inputs = [cx.dq(x, x_s, x_zp, "dq_x"), cx.dq(w, w_s, w_zp, "dq_w", axis=axis)]
+    if bias:
+        b_scale = cx.const(x_s).astype(np.float32).reshape(()) * ws          # fl32(x_s * w_s[c])
+        b_scale = b_scale if per_channel else b_scale.reshape(())
+        sb = cx.add_init("bias_scale", b_scale.astype(np.float32))
+        zb = cx.add_init("bias_zp", np.zeros(b_scale.shape, np.int32))
+        inputs.append(cx.dq(bias, sb, zb, "dq_bias", axis=axis))
     cx.q(cx.emit("Conv", inputs, "conv", **_attrs(cx.node)), y_s, y_zp, x_zp)
+
+
+def _qlinearmatmul(cx: _Ctx) -> None:
+    a, a_s, a_zp, b, b_s, b_zp, y_s, y_zp = _inputs(cx.node, 8)
+    # torch-mlir folds a per-column b_scale into float weights (integers lost): go through QDQ.
+    if b_s not in cx.inits or int(np.prod(cx.inits[b_s].dims)) == 1 or b not in cx.inits:
+        cx.nodes.append(cx.node)
+        return
+    axis = len(cx.inits[b].dims) - 1
+    inputs = [cx.dq(a, a_s, a_zp, "dq_a"), cx.dq(b, b_s, b_zp, "dq_b", axis=axis)]
+    cx.q(cx.emit("MatMul", inputs, "matmul"), y_s, y_zp, a_zp)
 
 
 #: (domain, op_type) -> rewrite; each appends to cx.nodes the nodes that replace cx.node
@@ -222,6 +248,7 @@ REWRITES = {
     (MS, "QLinearSoftmax"): _unary("Softmax"),
     (MS, "QLinearConcat"): _qconcat,
     ("", "QLinearConv"): _qlinearconv,
+    ("", "QLinearMatMul"): _qlinearmatmul,
 }
 
 
