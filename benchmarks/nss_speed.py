@@ -1,0 +1,239 @@
+"""NSS simulator speed on ResNet-18 (224x224, batch 1, A8W8 QDQ full-integer), side by side with ORT.
+
+    .venv/bin/python benchmarks/nss_speed.py [--per-channel] [--rounds 7] [--threads 2]
+
+One process, interleaved round-robin: every round runs each variant in turn, so a slow period on
+the (noisy, 2-vCPU) host hits all variants alike. Variants:
+
+  ORT fp32                 the float model (the baseline every ratio is against)
+  ORT int8 default         the full-integer QDQ model, default session (on x86 ORT fuses only part
+                           of an S8S8 QDQ graph and runs the rest as DQ -> fp32 Conv -> Q)
+  ORT int8 qdqisint8=1     same model with `session.qdqisint8allowed=1` (all integer kernels; the
+                           session torq verifies against)
+  NSS native / NSS ort     torq's numpy simulator of the lowered torq_hl program, both roundings
+
+Prints: quantization and compile times, which kernels each ORT int8 session really runs, a
+numeric sanity check (NSS `ort` rounding must be bit-exact with the qdqisint8 session), the median
+latency of each variant, its ratio to ORT fp32 (median of same-round ratios), and peak RSS.
+If NSS native is slower than 2x ORT fp32 (or with --profile) one NSS run is profiled with
+cProfile and the top functions by cumulative time are printed.
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import os
+import pstats
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+import torq
+from torq import zoo
+from torq.quantize import io_quant_params
+
+err = Console(stderr=True)
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux: KiB
+
+
+def make_session(model: onnx.ModelProto, threads: int, int8_allowed: bool, optimized: Path | None = None):
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    so.log_severity_level = 3
+    if int8_allowed:
+        so.add_session_config_entry("session.qdqisint8allowed", "1")
+    if optimized is not None:
+        so.optimized_model_filepath = str(optimized)
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+
+def kernel_summary(path: Path) -> str:
+    """Op counts of the graph ORT actually runs (saved optimized model)."""
+    ops = Counter(n.op_type for n in onnx.load(str(path), load_external_data=False).graph.node)
+    keys = [k for k in ("QLinearConv", "Conv", "QLinearAdd", "Add", "QGemm", "Gemm", "MaxPool",
+                        "QLinearGlobalAveragePool", "GlobalAveragePool", "QuantizeLinear",
+                        "DequantizeLinear") if ops.get(k)]
+    keys += sorted(k for k in ops if k not in keys and ops[k] and not k.startswith("Reorder"))
+    return ", ".join(f"{k}×{ops[k]}" for k in keys)
+
+
+def cpu_summary() -> str:
+    """CPU model and the ISA flags that decide ORT's int8 kernels (research perf-anchors §0, §4)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return "CPU unknown"
+    model = next((ln.split(":", 1)[1].strip() for ln in text.splitlines() if ln.startswith("model name")), "?")
+    flags = set(next((ln.split(":", 1)[1].split() for ln in text.splitlines() if ln.startswith("flags")), []))
+    keys = ("avx512f", "avx512_vnni", "avx_vnni", "avx_vnni_int8", "avx512_bf16", "amx_int8")
+    return f"CPU {model}; " + " ".join(f"{k}{'+' if k in flags else '-'}" for k in keys)
+
+
+def timed_calls(fn, min_time: float) -> float:
+    """Median seconds per call over >= 1 call and >= min_time seconds."""
+    times = []
+    start = time.perf_counter()
+    while True:
+        t0 = time.perf_counter()
+        fn()
+        t1 = time.perf_counter()
+        times.append(t1 - t0)
+        if t1 - start >= min_time:
+            return statistics.median(times)
+
+
+def profile_nss(program, x, top: int) -> str:
+    prof = cProfile.Profile()
+    prof.enable()
+    program.run([x], "native")
+    prof.disable()
+    out = io.StringIO()
+    st = pstats.Stats(prof, stream=out)
+    st.sort_stats("cumulative").print_stats(top)
+    lines = out.getvalue().splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.lstrip().startswith("ncalls"))
+    total = next((ln.strip() for ln in lines if "function calls" in ln), "")
+    root = str(Path(torq.__file__).parent.parent) + os.sep
+    site = str(Path(np.__file__).parent.parent) + os.sep
+
+    def short(ln):
+        return ln.replace(root, "").replace(site, "")
+    return "\n".join([total, *(short(ln) for ln in lines[start:] if ln.strip())])
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--per-channel", action="store_true", help="per-channel weight quantization")
+    ap.add_argument("--rounds", type=int, default=7, help="interleaved rounds (default 7)")
+    ap.add_argument("--threads", type=int, default=2, help="ORT intra_op_num_threads (default 2)")
+    ap.add_argument("--hw", type=int, default=224, help="input height = width (default 224)")
+    ap.add_argument("--num-calib", type=int, default=16, help="calibration samples (default 16)")
+    ap.add_argument("--min-time", type=float, default=0.25,
+                    help="seconds of calls per variant per round, at least one call (default 0.25)")
+    prof = ap.add_mutually_exclusive_group()
+    prof.add_argument("--profile", action="store_true", help="always cProfile one NSS native run")
+    prof.add_argument("--no-profile", action="store_true", help="never profile")
+    ap.add_argument("--top", type=int, default=10, help="profile lines to print (default 10)")
+    args = ap.parse_args(argv)
+    if args.rounds < 1 or args.threads < 1:
+        ap.error("--rounds and --threads must be >= 1")
+
+    qname = "per-channel" if args.per_channel else "per-tensor"
+    print(f"ResNet-18 stand-in (torq.zoo, random weights), 1x3x{args.hw}x{args.hw}, A8W8 QDQ full-integer "
+          f"{qname}, {args.num_calib} calibration samples")
+    print(f"ORT {ort.__version__}, intra_op={args.threads}, inter_op=1, ENABLE_ALL; numpy {np.__version__}; "
+          f"{os.cpu_count()} CPUs; {args.rounds} interleaved rounds")
+    print(cpu_summary() + f"; NSS numpy BLAS threads: OPENBLAS_NUM_THREADS="
+          f"{os.environ.get('OPENBLAS_NUM_THREADS', 'unset (all cores)')}")
+
+    with tempfile.TemporaryDirectory(prefix="torq-nss-speed-") as tmp, Progress(
+            TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+            TimeElapsedColumn(), console=err, transient=True) as bar:
+        tmp = Path(tmp)
+        setup = bar.add_task("build model", total=5)
+        fp32 = zoo.resnet18(args.hw)
+        bar.update(setup, advance=1, description="quantize")
+        t0 = time.perf_counter()
+        q = torq.quantize(fp32, full_integer=True, per_channel=args.per_channel, quant_format="qdq",
+                          num_calib=args.num_calib)
+        t_quant = time.perf_counter() - t0
+        bar.update(setup, advance=1, description="compile to torq_hl")
+        t0 = time.perf_counter()
+        compiled = torq.compile(q)
+        t_compile = time.perf_counter() - t0
+        if compiled.report.unsupported:
+            print("not every op lowered:", *map(str, compiled.report.unsupported), sep="\n  ")
+            return 1
+        bar.update(setup, advance=1, description="build NSS program")
+        t0 = time.perf_counter()
+        program = compiled.program
+        t_program = time.perf_counter() - t0
+        bar.update(setup, advance=1, description="ORT sessions")
+        sessions = {
+            "ORT fp32": make_session(fp32, args.threads, False),
+            "ORT int8 default": make_session(q, args.threads, False, tmp / "int8_default.onnx"),
+            "ORT int8 qdqisint8=1": make_session(q, args.threads, True, tmp / "int8_allowed.onnx"),
+        }
+        kernels = {"ORT int8 default": kernel_summary(tmp / "int8_default.onnx"),
+                   "ORT int8 qdqisint8=1": kernel_summary(tmp / "int8_allowed.onnx")}
+        bar.update(setup, advance=1)
+
+        # Same image for everyone: a float input, and its int8 image under the model's input qparams.
+        xf = np.random.default_rng(0).uniform(-1, 1, (1, 3, args.hw, args.hw)).astype(np.float32)
+        iq = io_quant_params(q)["inputs"]["input"]
+        xq = np.clip(np.rint(xf / np.float32(iq["scale"])) + iq["zero_point"], -128, 127).astype(np.int8)
+        variants = {
+            "ORT fp32": lambda: sessions["ORT fp32"].run(None, {"input": xf})[0],
+            "ORT int8 default": lambda: sessions["ORT int8 default"].run(None, {"input": xq})[0],
+            "ORT int8 qdqisint8=1": lambda: sessions["ORT int8 qdqisint8=1"].run(None, {"input": xq})[0],
+            "NSS native": lambda: program.run([xq], "native")[0],
+            "NSS ort": lambda: program.run([xq], "ort")[0],
+        }
+        warm = bar.add_task("warm-up", total=len(variants))
+        outs = {}
+        for name, fn in variants.items():
+            outs[name] = fn()
+            bar.update(warm, advance=1)
+        per_round: dict[str, list[float]] = {name: [] for name in variants}
+        task = bar.add_task("rounds", total=args.rounds * len(variants))
+        for r in range(args.rounds):
+            for name, fn in variants.items():
+                bar.update(task, description=f"round {r + 1}/{args.rounds}: {name}")
+                per_round[name].append(timed_calls(fn, args.min_time))
+                bar.update(task, advance=1)
+        profile = None
+        nss_ratio = statistics.median(n / f for n, f in zip(per_round["NSS native"], per_round["ORT fp32"]))
+        if args.profile or (not args.no_profile and nss_ratio > 2.0):
+            bar.add_task("cProfile one NSS native run", total=None)
+            profile = profile_nss(program, xq, args.top)
+
+    tm = compiled.timings
+    print()
+    print(f"quantization (torq.quantize)  {t_quant:7.2f} s")
+    print(f"compile (torq.compile)        {t_compile:7.2f} s = ONNX load+import {tm['import_s']:.2f} s"
+          f" + linalg {tm['linalg_s']:.2f} s + torq_hl {tm['torq_hl_s']:.2f} s")
+    print(f"NSS program build             {t_program:7.2f} s (first access of compiled.program)")
+    print(f"lowered to torq_hl: " + ", ".join(f"{k}×{v}" for k, v in sorted(compiled.report.lowered.items())))
+    for name, ks in kernels.items():
+        print(f"{name + ' runs:':26s}{ks}")
+
+    ref = outs["ORT int8 qdqisint8=1"].astype(np.int64)
+    print("numerics vs ORT int8 qdqisint8=1 (int8 logits):")
+    for name in ("NSS ort", "NSS native", "ORT int8 default"):
+        d = np.abs(outs[name].astype(np.int64) - ref)
+        verdict = "bit-exact" if not d.any() else f"max |Δ| {int(d.max())} LSB, {int((d > 0).sum())}/{d.size} differ"
+        print(f"  {name:24s}{verdict}")
+
+    print()
+    print(f"{'variant':24s}{'median ms':>11s}{'min ms':>9s}{'x ORT fp32':>12s}")
+    for name, ts in per_round.items():
+        ratio = statistics.median(t / f for t, f in zip(ts, per_round["ORT fp32"]))
+        print(f"{name:24s}{statistics.median(ts) * 1e3:11.1f}{min(ts) * 1e3:9.1f}{ratio:12.2f}")
+    print("(median over rounds of each round's median call; ratio = median of same-round ratios)")
+    print(f"peak RSS {peak_rss_mb():.0f} MB")
+    if profile is not None:
+        why = "--profile" if args.profile else f"NSS native is {nss_ratio:.1f}x ORT fp32 (> 2x)"
+        print()
+        print(f"cProfile of one NSS native run ({why}), top {args.top} by cumulative time:")
+        print(profile)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
