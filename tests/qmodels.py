@@ -35,7 +35,7 @@ class Reader(CalibrationDataReader):
 
 
 def quantize(m: onnx.ModelProto, shapes: dict, fmt="qdq", per_channel=False, act="s8", seed=0,
-             lo=-1.0, hi=1.0, full_integer=True) -> onnx.ModelProto:
+             lo=-1.0, hi=1.0, full_integer=True, **extra) -> onnx.ModelProto:
     with tempfile.TemporaryDirectory() as d:
         src, dst = Path(d) / "f.onnx", Path(d) / "q.onnx"
         onnx.save(m, src)
@@ -44,7 +44,7 @@ def quantize(m: onnx.ModelProto, shapes: dict, fmt="qdq", per_channel=False, act
                         per_channel=per_channel,
                         activation_type=QuantType.QUInt8 if act == "u8" else QuantType.QInt8,
                         weight_type=QuantType.QInt8,
-                        extra_options={"ForceQuantizeNoInputCheck": True})
+                        extra_options={"ForceQuantizeNoInputCheck": True, **extra})
         q = onnx.load(dst)
     return convert_to_full_integer(q) if full_integer else q
 

@@ -145,9 +145,10 @@ def _ops(model):
 
 
 def _per_channel_biased_conv(model):
+    """QLinearConvs canonicalize must rewrite: per-channel weights (with or without bias)."""
     inits = {t.name: t for t in model.graph.initializer}
-    return [n for n in model.graph.node if n.op_type == "QLinearConv" and len(n.input) > 8
-            and int(np.prod(inits[n.input[4]].dims)) > 1]
+    return [n for n in model.graph.node if n.op_type == "QLinearConv"
+            and (int(np.prod(inits[n.input[4]].dims)) > 1 or len(inits[n.input[3]].dims) == 3)]
 
 
 @pytest.mark.parametrize("name,per_channel", CASES)
@@ -157,7 +158,7 @@ def test_structure_and_checker(quantized, name, per_channel):
     assert "com.microsoft" not in {o.domain for o in c.opset_import}
     onnx.checker.check_model(c, full_check=True)
     assert not _per_channel_biased_conv(c)
-    # per-tensor QLinearConv (and bias-less ones) stay as they are: torch-mlir handles them
+    # per-tensor QLinearConv with symmetric pads stay as they are: torch-mlir handles them
     n_conv = sum(op == "QLinearConv" for _, op in _ops(q)) - len(_per_channel_biased_conv(q))
     assert sum(op == "QLinearConv" for _, op in _ops(c)) == n_conv
     typed = {v.name for v in list(c.graph.value_info) + list(c.graph.input) + list(c.graph.output)}

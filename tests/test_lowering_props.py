@@ -43,19 +43,38 @@ def check(q, expect: str, seeds=(0, 1)):
 @given(st.data(), FORMATS, ACTS, st.booleans())
 def test_conv(data, fmt, act, per_channel):
     rng = np.random.default_rng(data.draw(st.integers(0, 2**16)))
-    depthwise = data.draw(st.booleans())
+    kind = data.draw(st.sampled_from(["dense", "depthwise", "grouped"]))
+    depthwise = kind == "depthwise"
     cin = data.draw(st.integers(1, 6))
     cout = cin if depthwise else data.draw(st.integers(1, 6))
+    group = cin if depthwise else 1
+    if kind == "grouped":
+        group = data.draw(st.sampled_from([2, 3]))
+        cin, cout = group * data.draw(st.integers(1, 3)), group * data.draw(st.integers(1, 3))
     k = data.draw(st.sampled_from([1, 3, 5]))
     stride, dilation = data.draw(st.sampled_from([1, 2])), data.draw(st.sampled_from([1, 2]))
     pads = [data.draw(st.integers(0, 2)) for _ in range(4)]
     span = dilation * (k - 1) + 1
     h, w = data.draw(st.integers(span, span + 9)), data.draw(st.integers(span, span + 9))
-    m = conv_model(rng, cin, cout, k, stride, dilation, pads, cin if depthwise else 1,
+    m = conv_model(rng, cin, cout, k, stride, dilation, pads, group,
                    data.draw(st.booleans()), data.draw(st.booleans()), (h, w))
     q = quantize(m, {"x": [1, cin, h, w]}, fmt, per_channel, act, seed=int(rng.integers(1000)),
                  lo=-float(rng.uniform(0.1, 2)), hi=float(rng.uniform(0.1, 3)))
-    check(q, "depthwise_conv2d" if depthwise and cin > 1 else "conv2d")
+    check(q, "depthwise_conv2d" if group == cin == cout and cin > 1 else "conv2d")
+
+
+@SETTINGS
+@given(st.data(), FORMATS, ACTS, st.booleans())
+def test_conv1d(data, fmt, act, per_channel):
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**16)))
+    cin, cout, k = data.draw(st.integers(1, 5)), data.draw(st.integers(1, 5)), data.draw(st.sampled_from([1, 3, 5]))
+    stride, pads = data.draw(st.sampled_from([1, 2])), [data.draw(st.integers(0, 2)) for _ in range(2)]
+    n = data.draw(st.integers(k, k + 12))
+    w = rng.normal(0, 1 / np.sqrt(cin * k), (cout, cin, k))
+    m = model([helper.make_node("Conv", ["x", "w", "b"], ["y"], kernel_shape=[k], strides=[stride], pads=pads)],
+              [("x", [1, cin, n])], ["y"], {"w": w, "b": rng.normal(0, 0.2, cout)})
+    q = quantize(m, {"x": [1, cin, n]}, fmt, per_channel, act, seed=int(rng.integers(1000)))
+    check(q, "conv2d")
 
 
 @SETTINGS

@@ -166,11 +166,6 @@ def test_native_differences_explained_per_op(name, per_channel):
     assert res.ok
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "compiler: ORT QOperator leaves MaxPool as a plain int8 MaxPool (no DQ/Q around it); "
-    "torch-mlir gives linalg.pooling_nchw_max on i8 (pad with -128), and LinalgToTorqHL only "
-    "matches Q∘pooling_nchw_max∘DQ, so it stays unsupported "
-    "('not supported on NSS: linalg.pooling_nchw_max ... no torq_hl pattern for this op')"))
 def test_resnet18_qoperator_per_tensor():
     q, compiled = _compiled("resnet18", False, "qoperator")
     assert Counter(n.op_type for n in q.graph.node)["QLinearConv"] == 20
@@ -180,10 +175,6 @@ def test_resnet18_qoperator_per_tensor():
     assert verify(compiled, seed=0).ok
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "compiler: GlobalAveragePool over a 1x1 map (ResNet-18 at hw=32): torch-mlir folds the divide "
-    "by count=1 away, leaving Q∘pooling_nchw_sum∘DQ without arith.divf, which QAvgPool does not match "
-    "('not supported on NSS: linalg.pooling_nchw_sum ... no torq_hl pattern for this op')"))
 def test_resnet18_gap_over_1x1_lowered():
     q = torq.quantize(zoo.resnet18(32), full_integer=True, num_calib=2)
     compiled = torq.compile(q)

@@ -18,6 +18,8 @@ from .patterns.quant_fallback import DequantizeFallback, QuantizeFallback
 
 RULES = [*conv.RULES, *fully_connected.RULES, *elementwise.RULES, *pooling.RULES,
          *data_movement.RULES, *table.RULES]
+# Rules rooted at an integer compute op rather than a quantize (ops ORT already runs on int8).
+OP_RULES = [*pooling.OP_RULES]
 
 # Ops the NSS executes besides torq_hl.*: constants and pure data movement.
 DATA_MOVEMENT = {"arith.constant", "tensor.empty", "tensor.pad", "tensor.collapse_shape",
@@ -67,15 +69,18 @@ def dce(module) -> None:
                 changed = True
 
 
-def lower(module) -> LoweringReport:
-    """Rewrite `module` (linalg-on-tensors) in place into torq_hl + data movement."""
+def lower(module, ort_zp_shift: int = 0) -> LoweringReport:
+    """Rewrite `module` (linalg-on-tensors) in place into torq_hl + data movement.
+
+    ort_zp_shift: 128 when the ONNX model's uint8 activations were shifted to int8 (signedness)."""
     from torch_mlir import ir
     with module.context, ir.Location.unknown():
-        return _lower(module)
+        return _lower(module, ort_zp_shift)
 
 
-def _lower(module) -> LoweringReport:
+def _lower(module, ort_zp_shift) -> LoweringReport:
     ctx = Ctx(module)
+    ctx.ort_zp_shift = ort_zp_shift
     for op in func_ops(module):
         root = ctx.quant_root(op)
         if root is None:
@@ -88,6 +93,13 @@ def _lower(module) -> LoweringReport:
             if isinstance(new, Fail):
                 continue
             _replace(root.op, new)
+            break
+    for op in func_ops(module):
+        for rule in OP_RULES:
+            m = rule.match_op(ctx, op)
+            if m is None or isinstance(m, Fail):
+                continue
+            _replace(op, rule.rewrite_op(ctx, op, m))
             break
     dce(module)
     # Fallbacks: standalone quantize / dequantize generics.

@@ -87,7 +87,7 @@ def compile(model, debug_ir: str | os.PathLike | None = None, name: str | None =
         canonicalize = None
     if canonicalize is not None:
         model = canonicalize(model)
-    model, u8_in, u8_out = signedness.to_int8(model)
+    model, u8_in, u8_out, shifted = signedness.to_int8(model)
     stages: dict[str, str] = {}
     imported = importer.import_onnx(model)
     t1 = time.perf_counter()
@@ -97,7 +97,7 @@ def compile(model, debug_ir: str | os.PathLike | None = None, name: str | None =
 
     module = importer.lower_to_linalg(imported, dump=dump)
     t2 = time.perf_counter()
-    report = lowering.lower(module)
+    report = lowering.lower(module, ort_zp_shift=signedness.UINT8_SHIFT if shifted else 0)
     stages["torq_hl"] = module.operation.get_asm()
     t3 = time.perf_counter()
     ins, outs = _graph_io(model)

@@ -21,11 +21,13 @@ integer semantics are unchanged; ORT fuses these groups back into the same QLine
 * ``QLinearSigmoid -> DQ, Sigmoid, Q``, ``QLinearLeakyRelu -> DQ, LeakyRelu(alpha), Q``,
   ``QLinearSoftmax -> DQ, Softmax(axis), Q``: contrib lookup-table ops.
 * ``QLinearConcat -> DQ per input, Concat(axis), Q``: contrib variadic op.
-* ``QLinearConv`` with per-channel w_scale *and* a bias ``-> DQ(x), DQ(w, axis 0),
-  DQ(bias, scale fl32(x_scale*w_scale), zp 0), Conv, Q``: works around the torch-mlir bias bug.
+* ``QLinearConv`` with per-channel w_scale ``-> DQ(x), DQ(w, axis 0),
+  [DQ(bias, scale fl32(x_scale*w_scale), zp 0)], Conv, Q``: works around the torch-mlir bias
+  bug, and keeps the integer weights visible (torch-mlir folds them to float otherwise).
   The same for any QLinearConv with asymmetric pads: torch-mlir's QLinearConv lowering crashes
-  (segfault) on them, while the QDQ Conv path pads explicitly. Other per-tensor QLinearConv,
-  bias-less QLinearConv are kept (lowered correctly).
+  (segfault) on them, while the QDQ Conv path pads explicitly; and for 1-D QLinearConv, whose
+  quantized aten.convolution torch-mlir cannot legalize. Other per-tensor QLinearConv
+  are kept (lowered correctly).
 * ``QLinearMatMul`` with per-column b_scale ``-> DQ(a), DQ(b, last axis), MatMul, Q``: torch-mlir
   would fold the per-column scale into float weights and lose the integers. Per-tensor ones stay.
 * Any other ``com.microsoft`` op raises TorqError naming the node.
@@ -207,9 +209,11 @@ def _asymmetric_pads(node: onnx.NodeProto) -> bool:
 def _qlinearconv(cx: _Ctx) -> None:
     x, x_s, x_zp, w, w_s, w_zp, y_s, y_zp, bias = _inputs(cx.node, 9)
     per_channel = w_s in cx.inits and int(np.prod(cx.inits[w_s].dims)) > 1
-    # torch-mlir gets per-tensor and bias-less ones right, except asymmetric padding, which
-    # crashes its QLinearConv lowering (segfault); a dynamic w_scale can't be folded.
-    if w_s not in cx.inits or not ((bias and per_channel) or _asymmetric_pads(cx.node)):
+    # torch-mlir gets per-tensor ones right, except asymmetric padding, which crashes its
+    # QLinearConv lowering (segfault), 1-D ones fail to legalize; per-channel ones lose the bias scale or, without a bias,
+    # the integer weights (folded to float); a dynamic w_scale can't be folded.
+    one_d = w in cx.inits and len(cx.inits[w].dims) == 3
+    if w_s not in cx.inits or not (per_channel or one_d or _asymmetric_pads(cx.node)):
         cx.nodes.append(cx.node)
         return
     ws = cx.const(w_s).astype(np.float32).reshape(-1)

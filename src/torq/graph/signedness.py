@@ -4,6 +4,10 @@ Every integer op of a quantized graph computes with (q - zp), which the shift le
 and the requantized output moves by the same 128. torch-mlir would otherwise wrap each uint8
 tensor in `x - 128` generics; doing it once at the ONNX level keeps the NPU ops int8-only.
 The caller shifts uint8 graph inputs/outputs at the boundary (`UINT8_SHIFT`).
+
+Two ONNX Runtime kernels add a zero point in float *before* rounding (QLinearAdd,
+QLinearAveragePool), so their float rounding is not shift-invariant; the lowering records the
+shift on those ops (`ort_zp_shift`) and the simulator's `ort` mode undoes it for them.
 """
 from __future__ import annotations
 
@@ -23,8 +27,9 @@ _ZP_INPUTS = {
 }
 
 
-def to_int8(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str], list[str]]:
-    """Return (model with int8 activations, names of uint8 graph inputs, of uint8 graph outputs)."""
+def to_int8(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str], list[str], bool]:
+    """Return (model with int8 activations, names of uint8 graph inputs, of uint8 graph outputs,
+    whether anything was shifted)."""
     m = onnx.ModelProto()
     m.CopyFrom(model)
     g = m.graph
@@ -54,7 +59,7 @@ def to_int8(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str], list[st
                                                     for n in g.node):
             v = numpy_helper.to_array(t).astype(np.int16) - UINT8_SHIFT
             t.CopyFrom(numpy_helper.from_array(v.astype(np.int8), name))
-    return (m if changed else model), ins, outs
+    return (m if changed else model), ins, outs, changed
 
 
 def shift_in(x: np.ndarray) -> np.ndarray:

@@ -219,8 +219,10 @@ def _conv(op, folder, rtype):
 
     def acc_fn(args):
         w, sb, x = args
-        return kernels.conv2d_acc(x, w, sb[0::2].astype(np.int64), list(a["pad"]), a["input_zp"],
-                                  list(a["stride"]), list(a["dilation"]), a["groups"])
+        one_d = x.ndim == 3                              # Conv1D runs as 2-D with H = 1
+        acc = kernels.conv2d_acc(x[:, :, None, :] if one_d else x, w, sb[0::2].astype(np.int64), list(a["pad"]),
+                                 a["input_zp"], list(a["stride"]), list(a["dilation"]), a["groups"])
+        return acc[:, :, 0, :] if one_d else acc
     return _with_acc(acc_fn, a, rtype, ys)
 
 
@@ -247,8 +249,10 @@ def _add(op, folder, rtype):
             t = (x.astype(np.int64) - za) * ma + (y.astype(np.int64) - zb) * mb
             out = np.clip(fixed_point.ntp_shift(t, a["shift_factor"]) + a["output_zp"],
                           a["output_min"], a["output_max"])
-        else:
-            out = fixed_point.add_ort(x, y, sa, za, sb_, zb, sc, a["output_zp"], a["output_min"], a["output_max"])
+        else:   # in ORT's own (possibly uint8) domain: its float constant depends on the zero points
+            k = a["ort_zp_shift"]
+            out = fixed_point.add_ort(x.astype(np.int64) + k, y.astype(np.int64) + k, sa, za + k, sb_, zb + k, sc,
+                                      a["output_zp"] + k, a["output_min"] + k, a["output_max"] + k) - k
         return np.asarray(out).astype(rtype)
 
     def explain(args, ort_out):
@@ -275,9 +279,11 @@ def _avgpool(op, folder, rtype):
                 acc = x.astype(np.int64).sum(axis=(2, 3), keepdims=True) - a["input_zp"] * n
                 out = fixed_point.global_avgpool_ort(acc, n, xs, ys, a["output_zp"],
                                                      a["output_min"], a["output_max"])
-            else:
-                out = fixed_point.avgpool_ort(x, kernel, stride, pad, bool(a["count_include_pad"]), xs,
-                                              a["input_zp"], ys, a["output_zp"], a["output_min"], a["output_max"])
+            else:  # ORT adds the zero point in float before rounding: work in its (uint8) domain
+                k = a["ort_zp_shift"]
+                out = fixed_point.avgpool_ort(x.astype(np.int64) + k, kernel, stride, pad, bool(a["count_include_pad"]),
+                                              xs, a["input_zp"] + k, ys, a["output_zp"] + k, a["output_min"] + k,
+                                              a["output_max"] + k) - k
             return np.asarray(out).astype(rtype)
         s, counts = kernels.pool_sum(x, kernel, stride, pad, bool(a["count_include_pad"]), a["input_zp"])
         out = fixed_point.avgpool_native(s, counts, xs, ys, a["output_zp"], a["output_min"], a["output_max"])

@@ -39,6 +39,7 @@ class Ctx:
         self.module = module
         self.folder = L.Folder()
         self.reasons: dict = {}   # id(compute op) -> (op, reason)
+        self.ort_zp_shift = 0     # see graph/signedness.py
 
     def generic(self, op):
         return L.Generic(op, self.folder) if op is not None and op.name == "linalg.generic" else None

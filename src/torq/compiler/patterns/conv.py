@@ -4,6 +4,8 @@
     Q ∘ DQ ∘ T ∘ depthwise_conv_2d_nhwc_hwc_q ∘ T ∘ pad          -> torq_hl.depthwise_conv2d  (per-tensor)
     Q ∘ conv_2d_nchw_fchw(pad ∘ DQ, DQ(w)) + DQ(bias)          -> torq_hl.conv2d            (per-channel)
     Q ∘ depthwise_conv_2d_nchw_chw(pad ∘ DQ, DQ(w)) + DQ(bias) -> torq_hl.depthwise_conv2d  (per-channel)
+    Q ∘ DQ ∘ collapse ∘ conv_2d_ngchw_gfchw_q ∘ expand ∘ pad    -> torq_hl.conv2d{groups=G}    (grouped)
+    Q ∘ conv_1d_ncw_fcw(pad ∘ DQ, DQ(w)) + DQ(bias)            -> torq_hl.conv2d on H = 1     (Conv1D)
 
 torch-mlir fuses only per-tensor operands into the `_q` convs; per-channel ones stay f32 convs
 between DQ/Q generics (research mlir-feasibility §7). Both land on the same NPU op: weights
@@ -55,6 +57,11 @@ def _per_tensor(ctx: Ctx, root: Root):
     acc = g.inputs[d.source_index]
     conv = L.producer(acc)
     depthwise = False
+    if conv is not None and conv.name == "tensor.collapse_shape":       # grouped: [N,G,O/G,H,W]
+        conv = L.producer(conv.operands[0])
+        if conv is None or conv.name != "linalg.conv_2d_ngchw_gfchw_q":
+            return None
+        return _grouped(ctx, d, conv)
     if conv is not None and conv.name == "linalg.transpose":
         inner = _unwrap_transpose(acc, [0, 3, 1, 2])
         conv = L.producer(inner) if inner is not None else None
@@ -93,13 +100,53 @@ def _per_tensor(ctx: Ctx, root: Root):
                      O if depthwise else 1)
 
 
+def _unexpand(value):
+    op = L.producer(value)
+    return op.operands[0] if op is not None and op.name == "tensor.expand_shape" else None
+
+
+def _grouped(ctx: Ctx, d, conv):
+    inp, wv, in_zp_v, w_zp_v, init = conv.operands
+    in_zp, w_zp, w = ctx.const(in_zp_v), ctx.const(w_zp_v), ctx.const(wv)
+    if in_zp is None or w_zp is None or w is None:
+        return ctx.fail(conv, "weights or zero points are not compile-time constants")
+    inp, init = _unexpand(inp), _unexpand(init)
+    if inp is None or init is None:
+        return ctx.fail(conv, "grouped conv operands are not group reshapes")
+    x, pad, padv = strip_pad(inp)
+    if padv is not None and pad_constant(ctx, padv) != int(in_zp):
+        return ctx.fail(conv, "padding value is not the input zero point")
+    G = w.shape[0]
+    w = w.reshape(-1, *w.shape[2:])                      # [G, O/G, C/G, KH, KW] -> [O, C/G, KH, KW]
+    O = w.shape[0]
+    bias = ctx.original_bias(init)
+    if bias is None:
+        return ctx.fail(conv, "bias is not a compile-time constant")
+    bias = bias[0, :, 0, 0] if bias.ndim == 4 else bias.reshape(-1)[:O]
+    return ConvMatch("conv2d", conv, x, w.astype(np.int64), int(w_zp), int(in_zp), bias.astype(np.int64),
+                     np.full(O, np.float32(scalar(d.scale, "conv output scale")), np.float32), pad,
+                     L.attr_ints(conv, "strides"), L.attr_ints(conv, "dilations"), G)
+
+
 def _per_channel(ctx: Ctx, root: Root):
     """f32 conv on DQ(int8) input and DQ(const) weights (torch-mlir's per-channel form)."""
     conv = L.producer(root.value)
-    if conv is None or conv.name not in ("linalg.conv_2d_nchw_fchw", "linalg.depthwise_conv_2d_nchw_chw"):
+    groups = 1
+    if conv is not None and conv.name == "tensor.collapse_shape":      # grouped: [N,G,O/G,H,W]
+        conv = L.producer(conv.operands[0])
+        if conv is None or conv.name != "linalg.conv_2d_ngchw_gfchw":
+            return None
+        groups = L.shape_of(conv.operands[1])[0]
+    if conv is None or conv.name not in ("linalg.conv_2d_nchw_fchw", "linalg.depthwise_conv_2d_nchw_chw",
+                                         "linalg.conv_1d_ncw_fcw", "linalg.conv_2d_ngchw_gfchw"):
         return None
     depthwise = conv.name == "linalg.depthwise_conv_2d_nchw_chw"
+    one_d = conv.name == "linalg.conv_1d_ncw_fcw"
     inp, wv, init = conv.operands
+    if groups > 1:
+        inp, init = _unexpand(inp), _unexpand(init)
+        if inp is None or init is None:
+            return ctx.fail(conv, "grouped conv operands are not group reshapes")
     xin, pad, padv = strip_pad(inp)
     if padv is not None and pad_constant(ctx, padv) != 0.0:
         return ctx.fail(conv, "padding value is not zero")
@@ -118,6 +165,10 @@ def _per_channel(ctx: Ctx, root: Root):
         return ctx.fail(conv, "weight scale/zero point must be per-tensor or per-output-channel (equal zero points)")
     if depthwise:
         w = w.reshape(O, 1, *w.shape[-2:])
+    stride, dilation = L.attr_ints(conv, "strides"), L.attr_ints(conv, "dilations")
+    if one_d:                                            # Conv1D as 2-D with H = 1
+        w = w[:, :, None, :]
+        stride, dilation = [1, *stride], [1, *dilation]   # strip_pad already gave [l, r, 0, 0]
     bias = np.zeros(O, np.int64)
     bop = L.producer(init)
     if bop is not None and bop.name == "linalg.broadcast":
@@ -137,8 +188,7 @@ def _per_channel(ctx: Ctx, root: Root):
         return ctx.fail(conv, str(e))
     dq_scale = (np.float32(xs_s) * ws).astype(np.float32)
     return ConvMatch("depthwise_conv2d" if depthwise else "conv2d", conv, x, w.astype(np.int64),
-                     int(w_zp_v[0]), int(in_zp_s), bias, dq_scale, pad,
-                     L.attr_ints(conv, "strides"), L.attr_ints(conv, "dilations"), O if depthwise else 1)
+                     int(w_zp_v[0]), int(in_zp_s), bias, dq_scale, pad, stride, dilation, O if depthwise else groups)
 
 
 class QConv2D:

@@ -53,7 +53,8 @@ class QAdd:
         ma, mb, shift = fixed_point.add_multipliers(sa, sb, sc)
         attrs = dict(input_zp=0, output_zp=int(root.q.zp), output_min=root.q.lo, output_max=root.q.hi,
                      shift_factor=shift, weights=[ma, mb], scale_bias=[-(za * ma + zb * mb), 1],
-                     input_zps=[za, zb], ort_input_scales=[sa, sb], ort_output_scale=[sc])
+                     input_zps=[za, zb], ort_input_scales=[sa, sb], ort_output_scale=[sc],
+                     ort_zp_shift=ctx.ort_zp_shift)
         return emit("add", root, [a, b], attrs, op)
 
 

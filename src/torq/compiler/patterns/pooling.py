@@ -5,7 +5,10 @@
                                                      max commutes with the monotonic DQ, so the
                                                      rescale is a 256-entry lookup of Q ∘ DQ)
     Q ∘ divf(N) ∘ pooling_nchw_sum ∘ [pad] ∘ DQ   -> torq_hl.avg_pool2d  (AveragePool with
-                                                     count_include_pad=1, GlobalAveragePool)
+                                                     count_include_pad=1, GlobalAveragePool;
+                                                     no divf when the window is 1x1)
+    pooling_nchw_max(int8) ∘ [pad(int min)]       -> torq_hl.maxpool2d   (QOperator MaxPool, which
+                                                     ORT keeps as a plain int8 MaxPool)
 """
 from __future__ import annotations
 
@@ -58,15 +61,13 @@ class QAvgPool:
     def match(self, ctx: Ctx, root: Root):
         div = L.producer(root.value)
         g = ctx.generic(div)
-        if g is None:
-            return None
-        hit = L.as_scalar_op(g, "arith.divf")
-        if hit is None:
-            return None
-        pool = L.producer(g.inputs[hit[0]])
+        hit = L.as_scalar_op(g, "arith.divf") if g is not None else None
+        if hit is not None:
+            pool, count = L.producer(g.inputs[hit[0]]), np.asarray(hit[1]).ravel()
+        else:   # a 1x1 window: torch-mlir folds the division by 1 away
+            pool, count = div, np.ones(1)
         if pool is None or pool.name != "linalg.pooling_nchw_sum":
             return None
-        count = np.asarray(hit[1]).ravel()
         kernel = _window(pool)
         if count.size == 0 or not np.all(count == count[0]) or count[0] != kernel[0] * kernel[1]:
             return ctx.fail(pool, "AveragePool divisor is not the window size (count_include_pad=0 with padding)")
@@ -91,8 +92,31 @@ class QAvgPool:
         attrs = dict(input_zp=xz, output_zp=int(root.q.zp), output_min=root.q.lo, output_max=root.q.hi,
                      shift_factor=shift, scale_bias=[-n * xz, mult], kernel=kernel,
                      stride=L.attr_ints(pool, "strides"), pad=pad, count_include_pad=1,
-                     ort_input_scale=[xs], ort_output_scale=[ys])
+                     ort_input_scale=[xs], ort_output_scale=[ys], ort_zp_shift=ctx.ort_zp_shift)
         return emit("avg_pool2d", root, [x], attrs, pool)
 
 
+class IntMaxPool:
+    """pooling_nchw_max(int8, init = fill(int min)) ∘ pad(int min) -> torq_hl.maxpool2d"""
+
+    def match_op(self, ctx: Ctx, op):
+        if op.name != "linalg.pooling_nchw_max" or L.np_dtype(op.results[0].type) is not np.int8:
+            return None
+        x, pad, padv = strip_pad(op.operands[0])
+        low = np.iinfo(np.int8).min
+        if padv is not None and pad_constant(ctx, padv) != low:
+            return ctx.fail(op, "int8 MaxPool padding is not -128")
+        init = ctx.const(op.operands[2])
+        if init is None or np.any(init != low):
+            return ctx.fail(op, "int8 MaxPool does not start from -128")
+        return x, pad
+
+    def rewrite_op(self, ctx: Ctx, op, m):
+        x, pad = m
+        attrs = dict(kernel=_window(op), stride=L.attr_ints(op, "strides"), pad=pad,
+                     dilation=L.attr_ints(op, "dilations"))
+        return emit("maxpool2d", Root(op, None, None), [x], attrs, op)
+
+
 RULES = [QMaxPool(), QAvgPool()]
+OP_RULES = [IntMaxPool()]
