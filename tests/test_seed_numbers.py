@@ -122,3 +122,21 @@ def test_zero_point_fold_matches_expansion():
     bias = -in_zp * w_adj.reshape(4, -1).sum(1)
     acc = kernels.conv2d_acc(x[:, :, :3, :3], w_adj, bias, (0, 0, 0, 0), in_zp, 1, 1, 1)
     assert acc.reshape(1, 4).tolist() == ref.tolist()
+
+
+@pytest.mark.parametrize("lo,hi", [(-1.0, 1.0), (-0.5, 1.5)])   # zero points 0 / non-zero
+def test_dynamic_weight_conv(lo, hi):
+    """Weights that are a graph input (seed §4.5.4): w' and -in_zp·Σw' computed by NPU ops."""
+    from qmodels import model
+    m = model([helper.make_node("Conv", ["x", "w"], ["y"], kernel_shape=[3, 3], pads=[1, 1, 1, 1])],
+              [("x", [1, 3, 6, 6]), ("w", [4, 3, 3, 3])], ["y"], {})
+    q = quantize(m, {"x": [1, 3, 6, 6], "w": [4, 3, 3, 3]}, lo=lo, hi=hi)
+    c = compile(q)
+    assert c.report.unsupported == []
+    assert c.report.lowered.get("reduce") == 1 and c.report.lowered.get("conv2d") == 1
+    text = c.ir("torq_hl")
+    w_zp = int(re.search(r"conv_2d_nchw_fchw_q.*?%c(-?\d+)_i32, %c(-?\d+)_i32", c.ir("linalg")).group(2))
+    assert ("xi16>" in text) == (w_zp != 0)
+    for seed in (0, 1):
+        r = __import__("torq.compiler.verify", fromlist=["verify"]).verify(c, seed=seed)
+        assert r.ok and all(o.exact for o in r.outputs), r

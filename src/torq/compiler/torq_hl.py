@@ -17,6 +17,10 @@ Semantics (NCHW, int8 activations; see runtime/nss.py and compiler/fixed_point.p
   maxpool2d: integer max over the window (padding never wins)
   table: out = table[input - (-128)]  (256 i32 entries, one per int8 input value)
   act / mul / fma: the bf16 fallback for standalone Quantize/Dequantize (seed §4.4.2)
+  fma:   out = clamp(input * weights + biases, output_min, output_max), integer; weights/biases
+         have one entry or one per index of the input's first axis
+  reduce: out = sum of input over `dims` (mode "sum"), i32 — with fma, the dynamic-weight
+         input-zero-point correction -in_zp·Σw' (seed §4.5.4)
 """
 from __future__ import annotations
 
@@ -50,7 +54,8 @@ OPS: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {
     "act": (("init", "input"), {"mode": STR}),
     "mul": (("init", "input"), {"multiplier": F32A, "bias": F32A, "ort_scale": F32A, "ort_zp": I32,
                                 "ort_mode": STR}),
-    "fma": (("init", "input"), {"output_min": I32, "output_max": I32}),
+    "fma": (("init", "input"), {"weights": I64A, "biases": I64A, "output_min": I32, "output_max": I32}),
+    "reduce": (("init", "input"), {"mode": STR, "dims": I64A}),
 }
 
 _IRDL_KIND = {I32: '"#builtin.integer"', I64A: '"#builtin.dense_array"', F32A: '"#builtin.dense_array"',

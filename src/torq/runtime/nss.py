@@ -346,9 +346,26 @@ def _mul(op, folder, rtype):
 
 def _fma(op, folder, rtype):
     a = torq_hl.op_attrs(op)
-    return lambda args, r: np.clip(args[0], a["output_min"], a["output_max"]).astype(rtype)
+    w, b = a["weights"], a["biases"]
+
+    def fn(args, rounding):
+        x = args[0]
+        if x.dtype.kind == "f":    # bf16/f32 -> int at the end of the Quantize fallback
+            x = np.rint(x).astype(np.int64)
+        shape = (-1,) + (1,) * (x.ndim - 1)
+        y = x.astype(np.int64) * (w.reshape(shape) if w.size > 1 else w[0]) + (b.reshape(shape) if b.size > 1 else b[0])
+        return np.clip(y, a["output_min"], a["output_max"]).astype(rtype)
+    return fn
+
+
+def _reduce(op, folder, rtype):
+    a = torq_hl.op_attrs(op)
+    if a["mode"] != "sum":
+        raise TorqError(f"torq_hl.reduce mode {a['mode']!r} is not simulated")
+    dims = tuple(int(d) for d in a["dims"])
+    return lambda args, r: args[0].astype(np.int64).sum(axis=dims).astype(rtype)
 
 
 _TORQ = {"conv2d": _conv, "depthwise_conv2d": _conv, "fully_connected": _fc, "add": _add,
          "avg_pool2d": _avgpool, "maxpool2d": _maxpool, "table": _table, "act": _act, "mul": _mul,
-         "fma": _fma}
+         "fma": _fma, "reduce": _reduce}

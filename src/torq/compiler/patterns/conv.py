@@ -37,6 +37,7 @@ class ConvMatch:
     stride: list
     dilation: list
     groups: int
+    w_value: object = None  # dynamic weights: the SSA value (then `w` only carries the shape)
 
 
 def _unwrap_transpose(value, perm):
@@ -74,8 +75,11 @@ def _per_tensor(ctx: Ctx, root: Root):
     if in_zp is None or w_zp is None:
         return ctx.fail(conv, "input/weight zero points are not compile-time constants")
     w = ctx.const(wv)
-    if w is None:
-        return ctx.fail(conv, "weights are not constant (dynamic-weight convolutions are not lowered)")
+    dynamic = w is None
+    if dynamic:
+        if depthwise:
+            return ctx.fail(conv, "dynamic depthwise weights are not lowered")
+        w = np.zeros(L.shape_of(wv), np.int64)     # shape only; values come at run time
     if depthwise:
         inp = _unwrap_transpose(inp, [0, 2, 3, 1])
         if inp is None:
@@ -97,7 +101,7 @@ def _per_tensor(ctx: Ctx, root: Root):
                      int(w_zp), int(in_zp), np.broadcast_to(bias, (O,)).astype(np.int64),
                      np.full(O, np.float32(scalar(d.scale, "conv output scale")), np.float32),
                      pad, L.attr_ints(conv, "strides"), L.attr_ints(conv, "dilations"),
-                     O if depthwise else 1)
+                     O if depthwise else 1, wv if dynamic else None)
 
 
 def _unexpand(value):
@@ -209,22 +213,57 @@ class QConv2D:
     def rewrite(self, ctx: Ctx, root: Root, m: ConvMatch):
         from torch_mlir import ir
         ys = np.float32(root.q.scale)
-        w_adj = m.w - m.w_zp                                       # seed §4.3.1
-        bias = m.bias - m.in_zp * w_adj.reshape(w_adj.shape[0], -1).sum(axis=1)   # §4.3.2 + §4.3.3
-        scales = m.dq_scale.astype(np.float64) / np.float64(ys)
-        mults, shift = fixed_point.per_channel_multipliers(scales)
-        if np.any(np.abs(bias) >= 2 ** 31):
-            return ctx.fail(m.conv, "folded bias overflows int32")
-        scale_bias = np.stack([bias, mults], axis=1).reshape(-1)   # [b0, m0, b1, m1, ...]
+        mults, shift = fixed_point.per_channel_multipliers(m.dq_scale.astype(np.float64) / np.float64(ys))
         ip = ir.InsertionPoint(root.op)
         loc = m.conv.location
-        weights = constant(w_adj, "i16" if m.w_zp != 0 else "i8", loc, ip)
-        sb = constant(scale_bias, "i32", loc, ip)
+        if m.w_value is not None:
+            weights, sb = _dynamic_weights(m, mults, loc, ip)
+        else:
+            w_adj = m.w - m.w_zp                                       # seed §4.3.1
+            bias = m.bias - m.in_zp * w_adj.reshape(w_adj.shape[0], -1).sum(axis=1)   # §4.3.2 + §4.3.3
+            if np.any(np.abs(bias) >= 2 ** 31):
+                return ctx.fail(m.conv, "folded bias overflows int32")
+            scale_bias = np.stack([bias, mults], axis=1).reshape(-1)   # [b0, m0, b1, m1, ...]
+            weights = constant(w_adj, "i16" if m.w_zp != 0 else "i8", loc, ip)
+            sb = constant(scale_bias, "i32", loc, ip)
         attrs = dict(input_zp=m.in_zp, weight_zp=0, output_zp=int(root.q.zp), output_min=root.q.lo,
                      output_max=root.q.hi, shift_factor=shift, groups=m.groups, pad=m.pad,
                      stride=m.stride, dilation=m.dilation,
                      ort_dq_scale=m.dq_scale, ort_output_scale=[ys])
         return emit(m.op_name, root, [weights, sb, m.x], attrs, m.conv)
+
+
+def _dynamic_weights(m: ConvMatch, mults, loc, ip):
+    """Weights known only at run time (seed §4.5.4): the same folds, as NPU ops instead of constants.
+
+        w'   = fma(w, 1, -w_zp)                      (i16; skipped when w_zp == 0)
+        b'   = fma(reduce_sum(w', C·KH·KW), -in_zp, bias)
+        scale_bias = interleave(b', multipliers)     (expand, concat, collapse: data movement)
+    """
+    from torch_mlir import ir
+    from torch_mlir.dialects import tensor
+
+    from .. import torq_hl
+    from .common import empty
+
+    i16, i32 = ir.IntegerType.get_signless(16), ir.IntegerType.get_signless(32)
+    O = m.w.shape[0]
+
+    def op(name, value, shape, elem, **attrs):
+        t = ir.RankedTensorType.get(list(shape), elem)
+        return torq_hl.create(name, t, [empty(t, loc, ip), value], attrs, loc, ip).results[0]
+
+    w = m.w_value
+    if m.w_zp != 0:
+        w = op("fma", w, m.w.shape, i16, weights=[1], biases=[-m.w_zp], output_min=-2**15, output_max=2**15 - 1)
+    total = op("reduce", w, [O], i32, mode="sum", dims=list(range(1, m.w.ndim)))
+    bias = op("fma", total, [O], i32, weights=[-m.in_zp], biases=m.bias, output_min=-2**31, output_max=2**31 - 1)
+    col = ir.RankedTensorType.get([O, 1], i32)
+    b2 = tensor.ExpandShapeOp(col, bias, [[0, 1]], [], [O, 1], loc=loc, ip=ip).result
+    m2 = constant(np.asarray(mults).reshape(O, 1), "i32", loc, ip)
+    pairs = tensor.ConcatOp(ir.RankedTensorType.get([O, 2], i32), 1, [b2, m2], loc=loc, ip=ip).result
+    sb = tensor.CollapseShapeOp(ir.RankedTensorType.get([2 * O], i32), pairs, [[0, 1]], loc=loc, ip=ip).result
+    return w, sb
 
 
 RULES = [QConv2D()]

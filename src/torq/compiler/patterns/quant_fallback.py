@@ -49,7 +49,8 @@ class QuantizeFallback:
                                                       bias=[float(zp)], ort_scale=[scale], ort_zp=zp,
                                                       ort_mode="quantize")),
                  ("act", _retyped(t_in, "i32"), dict(mode="f2i")),
-                 ("fma", root.op.results[0].type, dict(output_min=root.q.lo, output_max=root.q.hi))]
+                 ("fma", root.op.results[0].type, dict(weights=[1], biases=[0], output_min=root.q.lo,
+                                                       output_max=root.q.hi))]
         return _seq(steps, root.value, loc, ip).owner
 
 
