@@ -58,6 +58,9 @@ def _compile(args) -> int:
                                                        "avg_pool2d", "maxpool2d", "table", "act")):
         raise TorqError(f"{model_path}: nothing was lowered to torq_hl; is the model quantized? "
                         f"(run `torq-gen-config quantize --model {model_path}` first)")
+    if not args.verify_against_ort:   # (verification refuses them with the first one named)
+        for u in compiled.report.unsupported:
+            print(f"torq-compile: warning: {u}", file=sys.stderr)
     text = compiled.ir(args.emit)
     if args.output:
         from ..fileio import atomic_write_text

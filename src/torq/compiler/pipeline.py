@@ -33,6 +33,7 @@ class CompiledModel:
     uint8_inputs: list = field(default_factory=list)   # shifted to int8 at the boundary
     uint8_outputs: list = field(default_factory=list)
     _program: object = None
+    _module: object = None                 # the live torq_hl module (keeps the torch.operator locations)
 
     def ir(self, stage: str = "torq_hl") -> str:
         if stage not in self.stages:
@@ -44,8 +45,7 @@ class CompiledModel:
         """The NSS program (built on first use; refuses modules with unsupported ops)."""
         if self._program is None:
             from ..runtime.nss import NssProgram
-            from . import importer as _imp
-            module = _imp.parse(self.stages["torq_hl"], filename="model.torq_hl.mlir")
+            module = self._module or importer.parse(self.stages["torq_hl"], filename="model.torq_hl.mlir")
             self._program = NssProgram(module, self.report.unsupported)
         return self._program
 
@@ -102,7 +102,8 @@ def compile(model, debug_ir: str | os.PathLike | None = None, name: str | None =
     t3 = time.perf_counter()
     ins, outs = _graph_io(model)
     compiled = CompiledModel(original, ins, outs, stages, report, imported.operator_locations,
-                             {"import_s": t1 - t0, "linalg_s": t2 - t1, "torq_hl_s": t3 - t2}, u8_in, u8_out)
+                             {"import_s": t1 - t0, "linalg_s": t2 - t1, "torq_hl_s": t3 - t2}, u8_in, u8_out,
+                             _module=module)
     if debug_ir is not None:
         for stage, text in stages.items():
             atomic_write_text(Path(debug_ir) / f"{name}.{stage}.mlir", text)
