@@ -35,13 +35,13 @@ class Reader(CalibrationDataReader):
 
 
 def quantize(m: onnx.ModelProto, shapes: dict, fmt="qdq", per_channel=False, act="s8", seed=0,
-             lo=-1.0, hi=1.0, full_integer=True, **extra) -> onnx.ModelProto:
+             lo=-1.0, hi=1.0, full_integer=True, op_types=None, **extra) -> onnx.ModelProto:
     with tempfile.TemporaryDirectory() as d:
         src, dst = Path(d) / "f.onnx", Path(d) / "q.onnx"
         onnx.save(m, src)
         quantize_static(str(src), str(dst), Reader(shapes, seed=seed, lo=lo, hi=hi),
                         quant_format=QuantFormat.QDQ if fmt == "qdq" else QuantFormat.QOperator,
-                        per_channel=per_channel,
+                        per_channel=per_channel, op_types_to_quantize=op_types,
                         activation_type=QuantType.QUInt8 if act == "u8" else QuantType.QInt8,
                         weight_type=QuantType.QInt8,
                         extra_options={"ForceQuantizeNoInputCheck": True, **extra})

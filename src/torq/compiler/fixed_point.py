@@ -42,8 +42,9 @@ import numpy as np
 __all__ = [
     "INT32_MIN", "INT32_MAX", "MAX_SHIFT", "SHIFT_STEP", "ZERO_SCALE_SHIFT",
     "llround", "multiplier_and_shift", "per_channel_multipliers", "native_conv_scale",
-    "rescale_multipliers", "act_native", "ntp_shift",
-    "ort_conv_scale", "ort_qgemm_scale", "requant_ort", "fma32", "ort_broadcast_mode",
+    "rescale_multipliers", "act_native", "act_native_parts", "ntp_shift",
+    "ort_conv_scale", "ort_qgemm_scale", "requant_ort", "requant_ort_parts", "fma32",
+    "ort_broadcast_mode",
     "add_ort", "add_multipliers", "add_native",
     "avgpool_native", "global_avgpool_ort", "avgpool_ort",
     "quantize_ort", "dequantize_ort",
@@ -59,6 +60,7 @@ ZERO_SCALE_SHIFT = 28   # computeMultiplierAndShift(0) -> (0, 28)
 
 _F32 = np.float32
 _F64 = np.float64
+_F53_INT = 1 << 53
 
 
 # ---------------------------------------------------------------------------------------------
@@ -234,6 +236,90 @@ def act_native(acc, mult, shift, out_zp, out_min, out_max, axis: int = 1,
     return t
 
 
+def _split_ok(a: np.ndarray, axis: int, out_dtype, lo: int, hi: int) -> bool:
+    """Common preconditions of the fused ``*_parts`` fast paths."""
+    if a.ndim == 0 or not -a.ndim <= axis < a.ndim or a.dtype.kind not in "iuf":
+        return False
+    od = np.dtype(out_dtype)
+    if od.kind not in "iu":
+        return False
+    info = np.iinfo(od)
+    return info.min <= lo <= hi <= info.max
+
+
+def _channel_vec(v, ndim: int, axis: int, dtype) -> np.ndarray | None:
+    """A scalar or 1-D per-channel parameter as an array broadcastable along ``axis`` (None if
+    it has another shape)."""
+    arr = np.asarray(v, dtype=dtype)
+    if arr.ndim > 1:
+        return None
+    shape = [1] * ndim
+    shape[axis] = arr.size if arr.ndim == 1 else 1
+    return arr.reshape(shape)
+
+
+def _parts_int64(acc, extra, axis: int) -> np.ndarray:
+    a = np.asarray(acc)
+    if a.dtype.kind == "f":
+        a = a.astype(np.int64)
+    else:
+        a = a.astype(np.int64, copy=True)
+    e = _bcast(np.asarray(extra, dtype=np.int64), a.ndim, axis, np.int64) if a.ndim else extra
+    return a + e
+
+
+def act_native_parts(acc, extra, mult, shift, out_zp, out_min, out_max, *, acc_bound: int,
+                     bound: int, axis: int = 1, out_dtype=np.int64) -> np.ndarray:
+    """``act_native(acc + extra, mult, shift, out_zp, out_min, out_max, axis)`` cast to
+    ``out_dtype``, for an exact accumulator given in two parts, fused (fewer passes).
+
+    ``acc`` holds exact integers in any numeric dtype (float32 / float64 from an exact GEMM, or
+    an integer dtype); ``extra`` is a scalar or a 1-D per-channel integer vector along ``axis``;
+    the caller guarantees ``|acc| <= acc_bound`` and ``|acc + extra| <= bound`` (Python ints;
+    see ``torq.runtime.kernels.AccParts``). When the bounds show that the accumulator fits int32
+    (no wrap) and every int64 intermediate fits, this computes
+
+        t = int64(acc) * m + (extra * m + ((1 << s) >> 1) + (out_zp << s))
+        q = clamp(t >> s, out_min, out_max)
+
+    which is act_native term by term ((acc + extra) * m is distributed, and adding
+    ``out_zp << s``, a multiple of 2**s, before the floor shift equals adding out_zp after it).
+    In every other case (per-element multipliers, shifts out of range, possible wrap) it calls
+    act_native on the int64 sum, so the result is always identical.
+    """
+    a = np.asarray(acc)
+    zp, lo, hi = int(out_zp), int(out_min), int(out_max)
+    fast = _split_ok(a, axis, out_dtype, lo, hi) and np.ndim(shift) == 0 \
+        and 0 <= int(bound) <= INT32_MAX and 0 <= int(acc_bound) < (1 << 62)
+    if fast:
+        si = int(shift)
+        m = _channel_vec(mult, a.ndim, axis, np.int64)
+        e = _channel_vec(extra, a.ndim, axis, np.int64)
+        fast = 0 <= si <= 62 and m is not None and e is not None
+    if fast:
+        mmax = int(np.abs(m).max()) if m.size else 0
+        emax = int(np.abs(e).max()) if e.size else 0
+        fast = (mmax <= INT32_MAX and (not m.size or int(m.min()) >= INT32_MIN)
+                and int(acc_bound) * mmax < (1 << 62) and emax * mmax < (1 << 60))
+    if not fast:
+        full = _parts_int64(a, extra, axis)
+        return np.asarray(act_native(full, mult, shift, zp, lo, hi, axis)).astype(out_dtype)
+    r = (1 << si) >> 1
+    fold_zp = emax * mmax + r + abs(zp) * (1 << si) < (1 << 62)
+    cst = e * m + (r + ((zp << si) if fold_zp else 0))   # int64, |cst| < 2**62
+    t = np.empty(a.shape, dtype=np.int64)
+    np.copyto(t, a, casting="unsafe")                    # exact: a holds integers < 2**62
+    np.multiply(t, m, out=t)                             # |acc * m| < 2**62
+    np.add(t, cst, out=t)
+    if si:
+        np.right_shift(t, si, out=t)
+    if not fold_zp:
+        t += zp
+    out = np.empty(a.shape, dtype=out_dtype)
+    np.clip(t, lo, hi, out=out, casting="unsafe")        # in range after the clamp
+    return out
+
+
 # ---------------------------------------------------------------------------------------------
 # ORT mode: what ONNX Runtime's x86-64 CPU EP (MLAS) computes
 # ---------------------------------------------------------------------------------------------
@@ -270,6 +356,42 @@ def requant_ort(acc, scale_f32, out_zp, qmin, qmax, axis: int = 1) -> np.ndarray
     q = np.rint(f).astype(np.int64)
     q += int(out_zp)
     return q
+
+
+def requant_ort_parts(acc, extra, scale_f32, out_zp, qmin, qmax, *, acc_bound: int,
+                      bound: int, axis: int = 1, out_dtype=np.int64) -> np.ndarray:
+    """``requant_ort(acc + extra, scale_f32, out_zp, qmin, qmax, axis)`` cast to ``out_dtype``,
+    for an exact accumulator given in two parts (as in ``act_native_parts``), fused.
+
+    When ``|acc + extra| <= bound`` fits int32 (ORT's int32 accumulator does not wrap), the
+    exact sum is formed in float32 (when acc, extra and the sum are all below 2**24, so every
+    value and the addition are exact) or in float64 (exact below 2**53) and rounded once to
+    float32, which is the same RNE conversion as int32 -> float32. The rest is requant_ort's
+    float32 multiply, clamp, RNE and zero point. Otherwise requant_ort runs on the int64 sum.
+    """
+    a = np.asarray(acc)
+    zp, lo, hi = int(out_zp), int(qmin), int(qmax)
+    fast = _split_ok(a, axis, out_dtype, lo, hi) and 0 <= int(bound) <= INT32_MAX \
+        and 0 <= int(acc_bound) < _F53_INT
+    if fast:
+        s = _channel_vec(scale_f32, a.ndim, axis, _F32)
+        e = _channel_vec(extra, a.ndim, axis, np.int64)
+        fast = s is not None and e is not None
+    if not fast:
+        full = _parts_int64(a, extra, axis)
+        return np.asarray(requant_ort(full, scale_f32, zp, lo, hi, axis)).astype(out_dtype)
+    emax = int(np.abs(e).max()) if e.size else 0
+    if a.dtype == _F32 and int(acc_bound) <= (1 << 24) and emax <= (1 << 24) \
+            and int(bound) <= (1 << 24):
+        f = np.add(a, e.astype(_F32), dtype=_F32)          # exact
+    else:
+        f = np.add(a, e.astype(_F64), dtype=_F64).astype(_F32)   # exact sum, one RNE
+    np.multiply(f, s, out=f)
+    np.clip(f, _F32(lo - zp), _F32(hi - zp), out=f)
+    np.rint(f, out=f)
+    out = np.empty(a.shape, dtype=out_dtype)
+    np.add(f, _F32(zp), out=out, casting="unsafe")       # small integers: exact
+    return out
 
 
 def fma32(a, b, c) -> np.ndarray:

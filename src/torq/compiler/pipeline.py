@@ -98,6 +98,10 @@ def compile(model, debug_ir: str | os.PathLike | None = None, name: str | None =
     module = importer.lower_to_linalg(imported, dump=dump)
     t2 = time.perf_counter()
     report = lowering.lower(module, ort_zp_shift=signedness.UINT8_SHIFT if shifted else 0)
+    try:
+        module.operation.verify()      # the torq_hl dialect is IRDL-registered: attributes are checked
+    except Exception as e:  # noqa: BLE001 - an invalid module is a compiler bug, say where
+        raise RuntimeError(f"lowering produced an invalid module: {str(e).splitlines()[1:2]}") from None
     stages["torq_hl"] = module.operation.get_asm()
     t3 = time.perf_counter()
     ins, outs = _graph_io(model)

@@ -5,19 +5,31 @@ rounding decision is made here (that is ``torq.compiler.fixed_point``'s job).
 
 How exactness is kept while still using BLAS
 --------------------------------------------
-numpy's integer matmul does not use BLAS and is ~10x slower than float GEMM, so the GEMMs run
+numpy's integer matmul does not use BLAS and is ~30x slower than float GEMM, so the GEMMs run
 in floating point and are made exact by bounding magnitudes:
 
-* The input is first *centred*: ``x' = x - c`` with ``c`` the midpoint of the values present
-  (including the pad value), so ``max|x'|`` is at most ~128 even for uint8 activations. The
-  shift is undone exactly with the integer term ``c * Σ_k w[o, k]`` (every kernel tap reads a
-  real or padded input, so the correction is the same for every output position).
-* float32: K is split into chunks of ``floor((2**24 - 1) / (max|x'| * max|w|))`` so that *every*
-  partial sum of integer products stays below 2**24 in magnitude. Then each float32 addition
-  (or FMA) is exact in any order, whatever BLAS does internally. Chunk results are summed in
-  float64 (exact below 2**53) and converted to int64.
-* When the chunk would be tiny (< 64, e.g. int16 weights with large |w - w_zp|) the GEMM runs
-  in float64 instead (exact while K * max|x'| * max|w| < 2**53); beyond that, int64 matmul.
+* The input may be *centred*: ``x' = x - c`` (c the midpoint of the values present, including
+  the pad value) when that lowers ``max|x'|`` enough to matter (uint8 / int16 activations;
+  int8 activations are used as they are). The shift is undone exactly with the integer term
+  ``c * Σ_k w[o, k]`` (every kernel tap reads a real or padded input, so the correction is the
+  same for every output position).
+* float32: K is split into contiguous chunks such that, for every output channel o,
+  ``mx * Σ_{k in chunk} |w[o, k]| <= 2**24 - 1`` (mx bounds |x'|). Every partial sum of a
+  chunk's products (in any order, any blocking, with or without FMA) is a sum over a subset
+  of the chunk's products, so it is an integer of magnitude < 2**24 and float32 holds it
+  exactly. Chunk results are added in float64 (exact below 2**53). Using Σ|w| instead of
+  K * max|w| makes chunks longer (usually one chunk per layer).
+* When float32 chunks would be short (< 64 on average, e.g. int16 weights) the GEMM runs in
+  float64 (exact while mx * Σ|w| < 2**53); beyond that, int64 matmul.
+
+Convolutions (``ConvPlan``): the weights are reordered once to [g, O/g, KH*KW*Cg] (K in
+(kh, kw, c) order) and split into chunks; per run, the padded input is converted once to the
+GEMM dtype as "phase" images (one per (row, col) residue of the stride, so every tap is a
+unit-stride window of a phase), and the column buffer [K, L] is filled with one block copy per
+tap. For taps of unit stride the copy is a contiguous slice of the *flattened* phase ("wide"
+columns: the GEMM then also computes ``Wq - OW`` junk columns per output row, which are never
+read). 1x1 convolutions with one phase need no column buffer at all. The GEMM output [O, L] is
+already NCHW.
 
 Depthwise convolutions are computed by summing KH*KW shifted slices (vectorised over channels),
 in float32 when KH*KW*max|x'|*max|w| < 2**24, else float64/int64.
@@ -28,15 +40,19 @@ Layout: activations [N, C, H, W]; conv weights [O, C/groups, KH, KW]; fc weights
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-__all__ = ["conv_out_size", "conv2d_acc", "fc_acc", "pool_sum", "maxpool"]
+__all__ = ["conv_out_size", "conv2d_acc", "fc_acc", "pool_sum", "maxpool", "ConvPlan", "FcPlan",
+           "AccParts"]
 
 _F24 = (1 << 24) - 1
 _F53 = 1 << 53
 _MIN_F32_CHUNK = 64
-_COLS_BUDGET = 1 << 24      # elements of the im2col buffer per batch block (64 MiB in f32)
+_COLS_BUDGET = 1 << 22      # elements of the column buffer per block (16 MiB in float32)
+_WIDE_MAX_WASTE = 0.35      # use "wide" columns when the junk columns are at most this fraction
 
 
 def _pair(v) -> tuple[int, int]:
@@ -62,61 +78,320 @@ def conv_out_size(size: int, k: int, stride: int, dilation: int, p0: int, p1: in
     return (size + p0 + p1 - dilation * (k - 1) - 1) // stride + 1
 
 
-def _centre(x: np.ndarray, extra: int | None = None) -> tuple[int, int]:
-    """(c, max|x - c|) with c the integer midpoint of x's value range (and ``extra``)."""
+class AccParts(NamedTuple):
+    """An exact integer accumulator in two parts: ``acc + extra`` (extra broadcast along the
+    channel axis) is the true accumulator, bias included.
+
+    acc        integer-valued array (float32, float64 or int64; possibly a strided view)
+    extra      int64 [O]
+    acc_bound  Python int >= max |acc|
+    bound      Python int >= max |acc + extra|
+    """
+    acc: np.ndarray
+    extra: np.ndarray
+    acc_bound: int
+    bound: int
+
+    def int64(self, axis: int = 1) -> np.ndarray:
+        """acc + extra as a fresh int64 array."""
+        out = self.acc.astype(np.int64)
+        shape = [1] * out.ndim
+        if out.ndim:
+            shape[axis] = -1
+            out += self.extra.reshape(shape)
+        return out
+
+
+def _pow2_at_least(v: int) -> int:
+    return 1 << max(0, int(v) - 1).bit_length()
+
+
+def _range(x: np.ndarray, extra: int | None) -> tuple[int, int]:
     if x.size:
         lo, hi = int(x.min()), int(x.max())
     else:
         lo = hi = 0
     if extra is not None:
         lo, hi = min(lo, int(extra)), max(hi, int(extra))
+    return lo, hi
+
+
+def _centre(lo: int, hi: int) -> tuple[int, int, int]:
+    """(c, mx, key): subtract c from the input so that |x - c| <= mx; key = plan key >= mx.
+
+    Centring costs a pass, so it is used only when it lowers the power-of-two plan key."""
+    raw = max(-lo, hi, 0)
     c = (lo + hi) // 2
-    return c, max(hi - c, c - lo)
+    mc = max(hi - c, c - lo)
+    if _pow2_at_least(mc) < _pow2_at_least(raw):
+        return c, mc, _pow2_at_least(mc)
+    return 0, raw, _pow2_at_least(raw)
 
 
-def _engine(k: int, mx: int, mw: int):
-    """Pick (dtype, chunk) for an exact K-long dot product with |x| <= mx, |w| <= mw."""
-    prod = mx * mw
-    if prod == 0:
-        return np.float32, max(k, 1)
-    chunk = _F24 // prod
-    if chunk >= min(k, _MIN_F32_CHUNK):
-        return np.float32, max(1, min(chunk, k))
-    if k * prod < _F53:
-        return np.float64, k
-    return np.int64, k
+class _Engine(NamedTuple):
+    dtype: type
+    chunks: list            # [(k0, k1, weight matrix in dtype)]
 
 
-def _chunked_matmul(a: np.ndarray, b: np.ndarray, dtype, chunk: int) -> np.ndarray:
-    """Exact integer ``a @ b`` (contraction over a's last / b's second-to-last axis), a and b
-    already in ``dtype`` holding integers. Returns int64."""
-    k = a.shape[-1]
-    if dtype is np.int64 or chunk >= k:
-        r = np.matmul(a, b)
-        return r.astype(np.int64) if r.dtype != np.int64 else r
-    acc = None
-    for k0 in range(0, k, chunk):
-        k1 = min(k, k0 + chunk)
-        part = np.matmul(a[..., k0:k1], b[..., k0:k1, :])
-        if acc is None:
-            acc = part.astype(np.float64)
+class _Weights:
+    """A weight matrix wm [g, Og, K] (int64) with its exact-GEMM plans, one per input bound."""
+
+    def __init__(self, wm: np.ndarray, right: bool):
+        self.wm = wm                                    # int64 [g, Og, K]
+        g, Og, K = wm.shape
+        self.K = K
+        self.right = right                              # store chunks transposed [g, kc, Og]
+        absw = np.abs(wm).reshape(g * Og, K)
+        self.absw = absw
+        self.row_abs = absw.sum(axis=1)                 # Σ_k |w[o, k]|
+        self.S = int(self.row_abs.max()) if absw.size else 0
+        self.wmax = int(absw.max()) if absw.size else 0
+        self._plans: dict[int, _Engine] = {}
+
+    def engine(self, key: int) -> _Engine:
+        eng = self._plans.get(key)
+        if eng is None:
+            eng = self._plans[key] = self._make(key)
+        return eng
+
+    def _chunk_bounds(self, key: int):
+        K = self.K
+        total = key * self.S
+        if total <= _F24:
+            return [(0, K)]
+        limit = _F24 // key
+        if self.wmax > limit:
+            return None
+        max_chunks = max(1, K // _MIN_F32_CHUNK)
+        if total > (max_chunks + 1) * _F24:     # cannot fit in max_chunks: skip the search
+            return None
+        cs = np.zeros((self.absw.shape[0], K + 1), dtype=np.int64)
+        np.cumsum(self.absw, axis=1, out=cs[:, 1:])
+        bounds = []
+        k0 = 0
+        while k0 < K:
+            if len(bounds) >= max_chunks:
+                return None
+            reach = (cs[:, k0 + 1:] - cs[:, k0:k0 + 1]).max(axis=0)   # non-decreasing
+            k1 = k0 + int(np.searchsorted(reach, limit, side="right"))
+            bounds.append((k0, k1))
+            k0 = k1
+        return bounds
+
+    def _make(self, key: int) -> _Engine:
+        bounds = self._chunk_bounds(key)
+        if bounds is not None:
+            dtype = np.float32
+        elif key * self.S < _F53:
+            dtype, bounds = np.float64, [(0, self.K)]
         else:
-            acc += part
-    return acc.astype(np.int64)
+            dtype, bounds = np.int64, [(0, self.K)]
+        chunks = []
+        for k0, k1 in bounds:
+            m = self.wm[:, :, k0:k1]
+            if self.right:
+                m = m.transpose(0, 2, 1)
+            chunks.append((k0, k1, np.ascontiguousarray(m, dtype=dtype)))
+        return _Engine(dtype, chunks)
 
 
-def _padded(x: np.ndarray, pads, value: int, c: int, dtype) -> np.ndarray:
-    """x - c, padded with value - c, in dtype."""
-    N, C, H, W = x.shape
-    pl, pr, pt, pb = pads
-    xp = np.empty((N, C, H + pt + pb, W + pl + pr), dtype=dtype)
-    if pt or pb or pl or pr:
-        xp.fill(value - c)
-    inner = xp[:, :, pt:pt + H, pl:pl + W]
-    inner[...] = x
+def _gemm(eng: _Engine, cols: np.ndarray, out: np.ndarray, tmp_pool: dict):
+    """out[g, Og, L] = Σ_chunks W_chunk @ cols[g, k0:k1, L], exact. ``out`` has the dtype
+    ``_acc_dtype(eng)`` (float32 for one float32 chunk, float64 for several)."""
+    chunks = eng.chunks
+    g = cols.shape[0]
+    if len(chunks) == 1:
+        wmat = chunks[0][2]
+        if g == 1:
+            np.matmul(wmat[0], cols[0], out=out[0])
+        else:
+            np.matmul(wmat, cols, out=out)
+        return
+    tmp = tmp_pool.get(out.shape)
+    if tmp is None:
+        tmp = tmp_pool[out.shape] = np.empty(out.shape, dtype=eng.dtype)
+    for i, (k0, k1, wmat) in enumerate(chunks):
+        dst = out if (eng.dtype == out.dtype and i == 0) else tmp
+        if g == 1:
+            np.matmul(wmat[0], cols[0, k0:k1], out=dst[0])
+        else:
+            np.matmul(wmat, cols[:, k0:k1], out=dst)
+        if dst is not out:
+            if i == 0:
+                np.copyto(out, dst)
+            else:
+                np.add(out, dst, out=out)
+
+
+def _acc_dtype(eng: _Engine):
+    if eng.dtype is np.float32 and len(eng.chunks) > 1:
+        return np.float64
+    return eng.dtype
+
+
+def _phase(xn, a, b, sh, sw, pt, pl, rows, cols_, fill, c, dtype) -> np.ndarray:
+    """Phase (a, b) of the padded image: out[ch, r, q] = xpad[ch, r*sh + a, q*sw + b] - c for
+    r < rows, q < cols_ (positions outside the padded image hold ``fill``). xn [C, H, W]."""
+    C, H, W = xn.shape
+    buf = np.empty((C, rows, cols_), dtype=dtype)
+    r0 = max(0, -((a - pt) // sh))
+    r1 = min(rows, -((a - pt - H) // sh))
+    q0 = max(0, -((b - pl) // sw))
+    q1 = min(cols_, -((b - pl - W) // sw))
+    if r1 <= r0 or q1 <= q0:
+        buf.fill(fill)
+        return buf
+    if r0:
+        buf[:, :r0] = fill
+    if r1 < rows:
+        buf[:, r1:] = fill
+    if q0:
+        buf[:, r0:r1, :q0] = fill
+    if q1 < cols_:
+        buf[:, r0:r1, q1:] = fill
+    ys = r0 * sh + a - pt
+    xs = q0 * sw + b - pl
+    inner = buf[:, r0:r1, q0:q1]
+    inner[...] = xn[:, ys:ys + (r1 - r0 - 1) * sh + 1:sh, xs:xs + (q1 - q0 - 1) * sw + 1:sw]
     if c:
         inner -= c
-    return xp
+    return buf
+
+
+class ConvPlan:
+    """A convolution with fixed weights / bias / geometry, prepared once for repeated runs.
+
+    ``w`` [O, C/groups, KH, KW] integer weights already ``w - w_zp``; ``bias`` [O] already
+    ``bias - in_zp * Σw'`` (or None); padding is filled with ``pad_value`` (= in_zp).
+    ``plan(x)`` is ``conv2d_acc(x, w, bias, ...)``; ``plan.parts(x)`` the same accumulator as
+    ``AccParts`` (no int64 pass; for a fused requantisation).
+    """
+
+    def __init__(self, w, bias=None, pad_lrtb=(0, 0, 0, 0), pad_value: int = 0, stride=1,
+                 dilation=1, groups: int = 1):
+        w = np.asarray(w)
+        if w.ndim != 4:
+            raise ValueError("conv2d_acc expects x [N,C,H,W] and w [O,C/g,KH,KW]")
+        O, Cg, KH, KW = w.shape
+        g = int(groups)
+        if g < 1 or O % g:
+            raise ValueError(f"bad groups={g} for w shape {w.shape}")
+        self.shape = w.shape
+        self.groups = g
+        self.pads = _pads(pad_lrtb)
+        self.pad_value = int(pad_value)
+        self.stride = _pair(stride)
+        self.dilation = _pair(dilation)
+        w64 = w.astype(np.int64)
+        self.wsum = w64.reshape(O, -1).sum(axis=1)
+        self.bias = (np.zeros(O, dtype=np.int64) if bias is None
+                     else np.asarray(bias).astype(np.int64).reshape(O))
+        self.bias_max = int(np.abs(self.bias).max()) if O else 0
+        self.depthwise = Cg == 1
+        if self.depthwise:
+            self.w64 = w64
+            self.row_abs_max = int(np.abs(w64).reshape(O, -1).sum(axis=1).max()) if w64.size else 0
+            self.wmax = int(np.abs(w64).max()) if w64.size else 0
+        else:
+            wm = w64.transpose(0, 2, 3, 1).reshape(g, O // g, KH * KW * Cg)   # K = (kh, kw, c)
+            self.weights = _Weights(wm, right=False)
+            self.row_abs_max = self.weights.S
+        self._tmp: dict = {}
+
+    # ---------------------------------------------------------------- geometry
+    def out_size(self, H: int, W: int) -> tuple[int, int]:
+        O, Cg, KH, KW = self.shape
+        pl, pr, pt, pb = self.pads
+        OH = conv_out_size(H, KH, self.stride[0], self.dilation[0], pt, pb)
+        OW = conv_out_size(W, KW, self.stride[1], self.dilation[1], pl, pr)
+        return OH, OW
+
+    def __call__(self, x) -> np.ndarray:
+        return self.parts(x).int64(axis=1)
+
+    def parts(self, x) -> AccParts:
+        x = np.asarray(x)
+        if x.ndim != 4:
+            raise ValueError("conv2d_acc expects x [N,C,H,W] and w [O,C/g,KH,KW]")
+        N, C, H, W = x.shape
+        O, Cg, KH, KW = self.shape
+        g = self.groups
+        if C != Cg * g:
+            raise ValueError(f"bad groups={g} for x channels {C}, w shape {self.shape}")
+        OH, OW = self.out_size(H, W)
+        if OH <= 0 or OW <= 0:
+            raise ValueError("convolution output would be empty")
+        has_pad = any(self.pads)
+        lo, hi = _range(x, self.pad_value if has_pad else None)
+        c, mx, key = _centre(lo, hi)
+        extra = self.bias + c * self.wsum if c else self.bias
+        raw = max(-lo, hi, 0)
+        bound = raw * self.row_abs_max + self.bias_max
+        acc_bound = mx * self.row_abs_max
+        if self.depthwise:
+            acc = _depthwise(x, self.w64, self.pads, self.pad_value, c, mx, self.wmax,
+                             self.stride, self.dilation, OH, OW, O // C)
+            return AccParts(acc, extra, acc_bound, bound)
+        return AccParts(self._dense(x, c, key, OH, OW), extra, acc_bound, bound)
+
+    def _dense(self, x, c, key, OH, OW) -> np.ndarray:
+        N, C, H, W = x.shape
+        O, Cg, KH, KW = self.shape
+        g = self.groups
+        Og = O // g
+        pl, pr, pt, pb = self.pads
+        sh, sw = self.stride
+        dh, dw = self.dilation
+        eng = self.weights.engine(key)
+        dtype = eng.dtype
+        fill = self.pad_value - c
+        # taps: phase (a, b) and offset (ri, rj) inside it
+        taps = []
+        for i in range(KH):
+            ri, a = divmod(i * dh, sh)
+            for j in range(KW):
+                rj, b = divmod(j * dw, sw)
+                taps.append((a, b, ri, rj))
+        T = len(taps)
+        mri = max(t[2] for t in taps)
+        mrj = max(t[3] for t in taps)
+        Hq, Wq = OH + mri, OW + mrj
+        wide = mrj == 0 or (T > 1 and mrj <= _WIDE_MAX_WASTE * OW)
+        rows = Hq + (1 if (wide and mrj) else 0)           # slack row for the last junk columns
+        width = Wq if wide else OW
+        K = T * Cg
+        rb = max(1, min(OH, _COLS_BUDGET // max(1, K * width)))   # output rows per block
+        acc = np.empty((N, g, Og, OH, width), dtype=_acc_dtype(eng))
+        phase_keys = sorted({(t[0], t[1]) for t in taps})
+        direct = T == 1 and wide
+        colbuf = None
+        for n in range(N):
+            ph = {k: _phase(x[n], k[0], k[1], sh, sw, pt, pl, rows, Wq, fill, c, dtype)
+                  for k in phase_keys}
+            flat = {k: v.reshape(g, Cg, rows * Wq) for k, v in ph.items()}
+            out_n = acc[n].reshape(g, Og, OH * width)
+            for r0 in range(0, OH, rb):
+                r1 = min(OH, r0 + rb)
+                Lb = (r1 - r0) * width
+                if direct:
+                    a, b, ri, rj = taps[0]
+                    s0 = (ri + r0) * Wq + rj
+                    cols = flat[(a, b)][:, :, s0:s0 + Lb]
+                else:
+                    if colbuf is None or colbuf.shape[-1] != Lb:
+                        colbuf = np.empty((g, T, Cg, Lb), dtype=dtype)
+                    for t, (a, b, ri, rj) in enumerate(taps):
+                        if wide:
+                            s0 = (ri + r0) * Wq + rj
+                            colbuf[:, t] = flat[(a, b)][:, :, s0:s0 + Lb]
+                        else:
+                            src = ph[(a, b)].reshape(g, Cg, rows, Wq)
+                            colbuf[:, t].reshape(g, Cg, r1 - r0, OW)[...] = \
+                                src[:, :, ri + r0:ri + r1, rj:rj + OW]
+                    cols = colbuf.reshape(g, K, Lb)
+                _gemm(eng, cols, out_n[:, :, r0 * width:r1 * width], self._tmp)
+        acc = acc.reshape(N, O, OH, width)
+        return acc[..., :OW] if width != OW else acc
 
 
 def conv2d_acc(x, w, bias=None, pad_lrtb=(0, 0, 0, 0), pad_value: int = 0, stride=1,
@@ -127,59 +402,17 @@ def conv2d_acc(x, w, bias=None, pad_lrtb=(0, 0, 0, 0), pad_value: int = 0, strid
     KH, KW] integer weights already ``w - w_zp`` (int8 or int16 values); ``bias`` [O] already
     ``bias - in_zp * Σw'`` (or None); padding is filled with ``pad_value`` (= in_zp, so borders
     stay correct). acc[n, o] = Σ_taps xpad * w[o] + bias[o].
+    For repeated runs with the same weights, build a ``ConvPlan`` once instead.
     """
     x = np.asarray(x)
     w = np.asarray(w)
     if x.ndim != 4 or w.ndim != 4:
         raise ValueError("conv2d_acc expects x [N,C,H,W] and w [O,C/g,KH,KW]")
-    N, C, H, W = x.shape
-    O, Cg, KH, KW = w.shape
-    g = int(groups)
-    if g < 1 or C != Cg * g or O % g:
-        raise ValueError(f"bad groups={g} for x channels {C}, w shape {w.shape}")
-    pads = _pads(pad_lrtb)
-    pl, pr, pt, pb = pads
-    sh, sw = _pair(stride)
-    dh, dw = _pair(dilation)
-    OH = conv_out_size(H, KH, sh, dh, pt, pb)
-    OW = conv_out_size(W, KW, sw, dw, pl, pr)
-    if OH <= 0 or OW <= 0:
-        raise ValueError("convolution output would be empty")
-    has_pad = any(pads)
-    c, mx = _centre(x, pad_value if has_pad else None)
-    w64 = w.astype(np.int64)
-    mw = int(np.abs(w64).max()) if w64.size else 0
-    extra = np.zeros(O, dtype=np.int64)
-    if c:
-        extra += c * w64.reshape(O, -1).sum(axis=1)
-    if bias is not None:
-        extra += np.asarray(bias).astype(np.int64).reshape(O)
-    Og = O // g
-
-    if Cg == 1 and g == C:
-        acc = _depthwise(x, w64, pads, pad_value, c, mx, mw, (sh, sw), (dh, dw), OH, OW, Og)
-    else:
-        K = Cg * KH * KW
-        dtype, chunk = _engine(K, mx, mw)
-        xp = _padded(x, pads, pad_value, c, dtype)
-        sN, sC, sH, sW = xp.strides
-        view = as_strided(
-            xp, shape=(N, g, Cg, KH, KW, OH, OW),
-            strides=(sN, Cg * sC, sC, sH * dh, sW * dw, sH * sh, sW * sw), writeable=False)
-        wm = np.ascontiguousarray(w64.reshape(g, Og, K).astype(dtype))
-        P = OH * OW
-        nb = max(1, min(N, _COLS_BUDGET // max(1, g * K * P)))
-        acc = np.empty((N, O, OH, OW), dtype=np.int64)
-        for n0 in range(0, N, nb):
-            n1 = min(N, n0 + nb)
-            cols = np.ascontiguousarray(view[n0:n1]).reshape(n1 - n0, g, K, P)
-            r = _chunked_matmul(wm, cols, dtype, chunk)       # [nb, g, Og, P]
-            acc[n0:n1] = r.reshape(n1 - n0, O, OH, OW)
-    acc += extra.reshape(1, O, 1, 1)
-    return acc
+    return ConvPlan(w, bias, pad_lrtb, pad_value, stride, dilation, groups)(x)
 
 
 def _depthwise(x, w64, pads, pad_value, c, mx, mw, stride, dilation, OH, OW, mult):
+    """Depthwise accumulator without bias, int64 [N, O, OH, OW], of (x - c) (pad: value - c)."""
     N, C, H, W = x.shape
     O, _, KH, KW = w64.shape
     sh, sw = stride
@@ -210,6 +443,64 @@ def _depthwise(x, w64, pads, pad_value, c, mx, mw, stride, dilation, OH, OW, mul
     return out
 
 
+def _padded(x: np.ndarray, pads, value: int, c: int, dtype) -> np.ndarray:
+    """x - c, padded with value - c, in dtype."""
+    N, C, H, W = x.shape
+    pl, pr, pt, pb = pads
+    xp = np.empty((N, C, H + pt + pb, W + pl + pr), dtype=dtype)
+    if pt or pb or pl or pr:
+        xp.fill(value - c)
+    inner = xp[:, :, pt:pt + H, pl:pl + W]
+    inner[...] = x
+    if c:
+        inner -= c
+    return xp
+
+
+class FcPlan:
+    """A fully-connected layer with fixed weights / bias, prepared once (see ``fc_acc``)."""
+
+    def __init__(self, w, bias=None):
+        w = np.asarray(w)
+        if w.ndim != 2:
+            raise ValueError(f"fc_acc: w must be [O, K], got {w.shape}")
+        O, K = w.shape
+        self.shape = w.shape
+        w64 = w.astype(np.int64)
+        self.wsum = w64.sum(axis=1)
+        self.bias = (np.zeros(O, dtype=np.int64) if bias is None
+                     else np.asarray(bias).astype(np.int64).reshape(O))
+        self.bias_max = int(np.abs(self.bias).max()) if O else 0
+        self.weights = _Weights(w64.reshape(1, O, K), right=True)
+
+    def __call__(self, x) -> np.ndarray:
+        return self.parts(x).int64(axis=-1)
+
+    def parts(self, x) -> AccParts:
+        x = np.asarray(x)
+        O, K = self.shape
+        if x.ndim < 1 or x.shape[-1] != K:
+            raise ValueError(f"fc_acc: x {x.shape} and w {self.shape} do not match")
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, K)
+        lo, hi = _range(x2, None)
+        c, mx, key = _centre(lo, hi)
+        eng = self.weights.engine(key)
+        xc = x2.astype(eng.dtype)
+        if c:
+            xc -= c
+        chunks = eng.chunks
+        if len(chunks) == 1:
+            acc = np.matmul(xc, chunks[0][2][0])
+        else:
+            acc = np.zeros((x2.shape[0], O), dtype=np.float64)
+            for k0, k1, wt in chunks:
+                acc += np.matmul(xc[:, k0:k1], wt[0])
+        extra = self.bias + c * self.wsum if c else self.bias
+        S = self.weights.S
+        return AccParts(acc.reshape(*lead, O), extra, mx * S, max(-lo, hi, 0) * S + self.bias_max)
+
+
 def fc_acc(x, w, bias=None) -> np.ndarray:
     """Exact integer fully-connected accumulator: int64 [..., O] = x @ w.T + bias.
 
@@ -220,26 +511,7 @@ def fc_acc(x, w, bias=None) -> np.ndarray:
     w = np.asarray(w)
     if w.ndim != 2 or x.shape[-1] != w.shape[1]:
         raise ValueError(f"fc_acc: x {x.shape} and w {w.shape} do not match")
-    lead = x.shape[:-1]
-    K = x.shape[-1]
-    O = w.shape[0]
-    x2 = x.reshape(-1, K)
-    c, mx = _centre(x2)
-    w64 = w.astype(np.int64)
-    mw = int(np.abs(w64).max()) if w64.size else 0
-    dtype, chunk = _engine(K, mx, mw)
-    xc = x2.astype(dtype)
-    if c:
-        xc -= c
-    wt = np.ascontiguousarray(w64.T.astype(dtype))        # [K, O]
-    acc = _chunked_matmul(xc, wt, dtype, chunk)            # [M, O]
-    extra = np.zeros(O, dtype=np.int64)
-    if c:
-        extra += c * w64.sum(axis=1)
-    if bias is not None:
-        extra += np.asarray(bias).astype(np.int64).reshape(O)
-    acc += extra
-    return acc.reshape(*lead, O)
+    return FcPlan(w, bias)(x)
 
 
 def _window_view(xp, kernel, stride, dilation, OH, OW):

@@ -177,8 +177,19 @@ def _diff(native, ort):
 # ---------------------------------------------------------------- torq_hl kernels
 
 def _rescale(acc, attrs, scale_bias, rounding, rtype):
-    """ACT stage shared by conv / fc: native fixed point or ORT float requant (per channel, axis 1)."""
+    """ACT stage shared by conv / fc: native fixed point or ORT float requant (per channel, axis 1).
+
+    ``acc`` an int64 accumulator, or a ``kernels.AccParts`` (exact accumulator in two parts, fused
+    requantisation with the same results)."""
     mult = scale_bias[1::2]
+    if isinstance(acc, kernels.AccParts):
+        if rounding == "native":
+            return fixed_point.act_native_parts(
+                acc.acc, acc.extra, mult, attrs["shift_factor"], attrs["output_zp"], attrs["output_min"],
+                attrs["output_max"], acc_bound=acc.acc_bound, bound=acc.bound, axis=1, out_dtype=rtype)
+        return fixed_point.requant_ort_parts(
+            acc.acc, acc.extra, attrs["ort_requant_scale"], attrs["output_zp"], attrs["output_min"],
+            attrs["output_max"], acc_bound=acc.acc_bound, bound=acc.bound, axis=1, out_dtype=rtype)
     if rounding == "native":
         y = fixed_point.act_native(acc, mult, attrs["shift_factor"], attrs["output_zp"],
                                    attrs["output_min"], attrs["output_max"], axis=1)
@@ -188,13 +199,18 @@ def _rescale(acc, attrs, scale_bias, rounding, rtype):
     return np.asarray(y).astype(rtype)
 
 
-def _with_acc(acc_fn, a, rtype, ys):
-    """Step function for accumulate-then-rescale ops, plus its native-vs-ORT explainer."""
+def _with_acc(parts_fn, a, rtype, ys):
+    """Step function for accumulate-then-rescale ops, plus its native-vs-ORT explainer.
+
+    ``parts_fn(args)`` returns the accumulator as ``kernels.AccParts``."""
     def fn(args, rounding):
-        return _rescale(acc_fn(args), a, args[1].astype(np.int64), rounding, rtype)
+        parts = parts_fn(args)
+        if np.dtype(rtype).kind not in "iu":
+            return _rescale(parts.int64(axis=1), a, args[1].astype(np.int64), rounding, rtype)
+        return _rescale(parts, a, args[1].astype(np.int64), rounding, rtype)
 
     def explain(args, ort_out):
-        acc = acc_fn(args)
+        acc = parts_fn(args).int64(axis=1)
         native = _rescale(acc, a, args[1].astype(np.int64), "native", rtype)
         mask, mx = _diff(native, ort_out)
         chan = np.nonzero(mask)[1] if acc.ndim > 1 else np.zeros(int(mask.sum()), int)
@@ -204,6 +220,19 @@ def _with_acc(acc_fn, a, rtype, ys):
         return acc.size, int(mask.sum()), mx, causes
     fn.explain = explain
     return fn
+
+
+def _cached_plan(make):
+    """plan(w, sb): ``make(w, sb)`` built once and reused while the weight and scale_bias operands
+    are the same arrays (they are program constants, so normally for the program's lifetime)."""
+    cache = {}
+
+    def plan(w, sb):
+        if cache.get("w") is not w or cache.get("sb") is not sb:
+            cache.clear()
+            cache.update(w=w, sb=sb, plan=make(w, sb))
+        return cache["plan"]
+    return plan
 
 
 def _scales(a):
@@ -216,24 +245,27 @@ def _scales(a):
 def _conv(op, folder, rtype):
     a = torq_hl.op_attrs(op)
     ys = _scales(a)
+    plan = _cached_plan(lambda w, sb: kernels.ConvPlan(
+        w, sb[0::2].astype(np.int64), list(a["pad"]), a["input_zp"], list(a["stride"]),
+        list(a["dilation"]), a["groups"]))
 
-    def acc_fn(args):
+    def parts_fn(args):
         w, sb, x = args
         one_d = x.ndim == 3                              # Conv1D runs as 2-D with H = 1
-        acc = kernels.conv2d_acc(x[:, :, None, :] if one_d else x, w, sb[0::2].astype(np.int64), list(a["pad"]),
-                                 a["input_zp"], list(a["stride"]), list(a["dilation"]), a["groups"])
-        return acc[:, :, 0, :] if one_d else acc
-    return _with_acc(acc_fn, a, rtype, ys)
+        p = plan(w, sb).parts(x[:, :, None, :] if one_d else x)
+        return p._replace(acc=p.acc[:, :, 0, :]) if one_d else p
+    return _with_acc(parts_fn, a, rtype, ys)
 
 
 def _fc(op, folder, rtype):
     a = torq_hl.op_attrs(op)
     ys = _scales(a)
+    plan = _cached_plan(lambda w, sb: kernels.FcPlan(w, sb[0::2].astype(np.int64)))
 
-    def acc_fn(args):
+    def parts_fn(args):
         w, sb, x = args
-        return kernels.fc_acc(x, w, sb[0::2].astype(np.int64))
-    return _with_acc(acc_fn, a, rtype, ys)
+        return plan(w, sb).parts(x)
+    return _with_acc(parts_fn, a, rtype, ys)
 
 
 def _add(op, folder, rtype):
@@ -267,6 +299,7 @@ def _add(op, folder, rtype):
 
 def _avgpool(op, folder, rtype):
     a = torq_hl.op_attrs(op)
+    rshape = L.shape_of(op.results[0])          # [N, C, 1, 1], or [N, C] for ReduceMean(keepdims=0)
     xs, ys = np.float32(a["ort_input_scale"][0]), np.float32(a["ort_output_scale"][0])
     kernel, stride, pad = list(a["kernel"]), list(a["stride"]), list(a["pad"])
 
@@ -284,10 +317,10 @@ def _avgpool(op, folder, rtype):
                 out = fixed_point.avgpool_ort(x.astype(np.int64) + k, kernel, stride, pad, bool(a["count_include_pad"]),
                                               xs, a["input_zp"] + k, ys, a["output_zp"] + k, a["output_min"] + k,
                                               a["output_max"] + k) - k
-            return np.asarray(out).astype(rtype)
+            return np.asarray(out).astype(rtype).reshape(rshape)
         s, counts = kernels.pool_sum(x, kernel, stride, pad, bool(a["count_include_pad"]), a["input_zp"])
         out = fixed_point.avgpool_native(s, counts, xs, ys, a["output_zp"], a["output_min"], a["output_max"])
-        return np.asarray(out).astype(rtype)
+        return np.asarray(out).astype(rtype).reshape(rshape)
 
     def explain(args, ort_out):
         native = fn(args, "native")
@@ -295,6 +328,7 @@ def _avgpool(op, folder, rtype):
         if not mask.any():
             return ort_out.size, 0, 0, {}
         s, counts = kernels.pool_sum(args[0], kernel, stride, pad, bool(a["count_include_pad"]), a["input_zp"])
+        mask = mask.reshape(s.shape)
         cnt = np.broadcast_to(counts, s.shape)[mask]
         causes = fixed_point.explain_diffs(s[mask], [((float(xs),), (float(ys), int(c))) for c in cnt])
         return ort_out.size, int(mask.sum()), mx, causes

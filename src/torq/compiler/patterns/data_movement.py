@@ -1,14 +1,18 @@
-"""Reshapes between a dequantize and a quantize with the same parameters move int8 data as is.
+"""Data movement between a dequantize and a quantize moves int8 data as is.
 
-    Q ∘ collapse_shape ∘ DQ  -> collapse_shape   (Flatten, Reshape)
-    Q ∘ expand_shape ∘ DQ    -> expand_shape
+    Q ∘ collapse_shape ∘ DQ      -> collapse_shape   (Flatten, Reshape; same qparams)
+    Q ∘ expand_shape ∘ DQ        -> expand_shape
+    Q ∘ transpose ∘ DQ           -> transpose        (Transpose; same qparams)
+    Q ∘ concat(DQ_i)             -> concat(x_i | table_i(x_i))   (Concat: inputs whose qparams
+                                    differ from the output's are requantized by a 256-entry table
+                                    of their own Q ∘ DQ, as ORT's QLinearConcat does)
 """
 from __future__ import annotations
 
 import numpy as np
 
 from .. import linalg_view as L
-from .common import Ctx, Root
+from .common import Ctx, Root, emit, lookup_table
 
 _MOVES = ("tensor.collapse_shape", "tensor.expand_shape")
 
@@ -38,4 +42,66 @@ class QReshape:
                                    attributes=attrs, loc=op.location, ip=ir.InsertionPoint(root.op))
 
 
-RULES = [QReshape()]
+def _same(ctx, dq, root):
+    x, xs, xz = dq
+    return (np.ndim(xs) == 0 and xs == root.q.scale and xz == root.q.zp
+            and L.np_dtype(x.type) is root.q.out_dtype)
+
+
+class QTranspose:
+    """Q ∘ transpose ∘ DQ -> transpose (on the integer tensor)"""
+
+    def match(self, ctx: Ctx, root: Root):
+        op = L.producer(root.value)
+        if op is None or op.name != "linalg.transpose":
+            return None
+        dq = ctx.dequant(op.operands[0])
+        if dq is None or not _same(ctx, dq, root):
+            return ctx.fail(op, "transpose changes the quantization")
+        return op, dq[0]
+
+    def rewrite(self, ctx: Ctx, root: Root, m):
+        from torch_mlir import ir
+        from torch_mlir.dialects import linalg
+
+        from .common import empty
+        op, x = m
+        ip, rtype = ir.InsertionPoint(root.op), root.op.results[0].type
+        init = empty(rtype, op.location, ip)
+        with op.location, ip:
+            return linalg.transpose(x, outs=[init], permutation=L.attr_ints(op, "permutation")).operation
+
+
+class QConcat:
+    """Q ∘ concat(DQ_i) -> concat(x_i | table_i(x_i))"""
+
+    def match(self, ctx: Ctx, root: Root):
+        op = L.producer(root.value)
+        if op is None or op.name != "tensor.concat":
+            return None
+        if np.ndim(root.q.scale) or root.q.out_dtype is not np.int8:
+            return ctx.fail(op, "Concat output quantization is not per-tensor int8")
+        parts = []
+        for v in op.operands:
+            dq = ctx.dequant(v)
+            if dq is None or np.ndim(dq[1]) or L.np_dtype(dq[0].type) is not np.int8:
+                return ctx.fail(op, "a Concat input is not a per-tensor int8 dequantize")
+            parts.append((dq[0], None if _same(ctx, dq, root) else ctx.generic(L.producer(v))))
+        return op, parts
+
+    def rewrite(self, ctx: Ctx, root: Root, m):
+        from torch_mlir import ir
+        from torch_mlir.dialects import tensor
+        op, parts = m
+        qg = ctx.generic(root.op)
+        ins = []
+        for x, dq_generic in parts:
+            if dq_generic is not None:     # requantize this input to the output's parameters
+                x = emit("table", root, [x], dict(table=lookup_table(dq_generic, qg)), op,
+                         result_type=root.op.results[0].type, shape_of=x).results[0]
+            ins.append(x)
+        return tensor.ConcatOp(root.op.results[0].type, int(op.attributes["dim"].value), ins,
+                               loc=op.location, ip=ir.InsertionPoint(root.op)).operation
+
+
+RULES = [QReshape(), QTranspose(), QConcat()]

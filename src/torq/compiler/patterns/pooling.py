@@ -9,6 +9,7 @@
                                                      no divf when the window is 1x1)
     pooling_nchw_max(int8) ∘ [pad(int min)]       -> torq_hl.maxpool2d   (QOperator MaxPool, which
                                                      ORT keeps as a plain int8 MaxPool)
+    Q ∘ divf(H·W) ∘ sum over (H, W) ∘ DQ          -> torq_hl.avg_pool2d  (ReduceMean over H, W)
 """
 from __future__ import annotations
 
@@ -66,6 +67,8 @@ class QAvgPool:
             pool, count = L.producer(g.inputs[hit[0]]), np.asarray(hit[1]).ravel()
         else:   # a 1x1 window: torch-mlir folds the division by 1 away
             pool, count = div, np.ones(1)
+        if _is_hw_sum(pool):
+            return self._reduce_mean(ctx, root, pool, count)
         if pool is None or pool.name != "linalg.pooling_nchw_sum":
             return None
         kernel = _window(pool)
@@ -84,16 +87,44 @@ class QAvgPool:
             return ctx.fail(pool, "output quantization is not per-tensor int8")
         return (pool, x, float(scalar(xs, "input scale")), int(scalar(xz, "input zero point")), pad, kernel)
 
+    def _reduce_mean(self, ctx, root, red, count):
+        x_f = red.operands[0]
+        kernel = list(L.shape_of(x_f)[2:])
+        if count.size != 1 or count[0] != kernel[0] * kernel[1]:
+            return ctx.fail(red, "ReduceMean divisor is not H·W")
+        dq = ctx.dequant(x_f)
+        if dq is None:
+            return ctx.fail(red, "ReduceMean input is not dequantized from an integer tensor")
+        x, xs, xz = dq
+        if np.ndim(root.q.scale) or root.q.out_dtype is not np.int8:
+            return ctx.fail(red, "output quantization is not per-tensor int8")
+        return (red, x, float(scalar(xs, "input scale")), int(scalar(xz, "input zero point")), [0, 0, 0, 0], kernel)
+
     def rewrite(self, ctx: Ctx, root: Root, m):
         pool, x, xs, xz, pad, kernel = m
         ys = float(root.q.scale)
         n = kernel[0] * kernel[1]
         mult, shift = fixed_point.multiplier_and_shift(np.float64(np.float32(xs)) / (np.float64(np.float32(ys)) * n))
+        stride = L.attr_ints(pool, "strides") if "strides" in pool.attributes else [1, 1]
         attrs = dict(input_zp=xz, output_zp=int(root.q.zp), output_min=root.q.lo, output_max=root.q.hi,
                      shift_factor=shift, scale_bias=[-n * xz, mult], kernel=kernel,
-                     stride=L.attr_ints(pool, "strides"), pad=pad, count_include_pad=1,
+                     stride=stride, pad=pad, count_include_pad=1,
                      ort_input_scale=[xs], ort_output_scale=[ys], ort_zp_shift=ctx.ort_zp_shift)
         return emit("avg_pool2d", root, [x], attrs, pool)
+
+
+def _is_hw_sum(op) -> bool:
+    """A linalg.generic summing an NCHW tensor over H and W (torch-mlir's ReduceMean numerator)."""
+    if op is None or op.name != "linalg.generic" or len(op.operands) != 2:
+        return False
+    its = [str(a).strip('"').split("<")[-1].rstrip(">") for a in op.attributes["iterator_types"]]
+    its = ["reduction" if "reduction" in t else "parallel" for t in its]
+    if its != ["parallel", "parallel", "reduction", "reduction"] or len(L.shape_of(op.operands[0])) != 4:
+        return False
+    body = list(op.regions[0].blocks[0].operations)
+    args = [str(a.get_name()) for a in op.regions[0].blocks[0].arguments]
+    return (len(body) == 2 and body[0].operation.name == "arith.addf"
+            and sorted(str(v.get_name()) for v in body[0].operands) == sorted(args))
 
 
 class IntMaxPool:
