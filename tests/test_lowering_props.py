@@ -99,15 +99,15 @@ def test_fully_connected(data, fmt, act, per_channel):
 
 
 @SETTINGS
-@given(st.data(), FORMATS, ACTS)
-def test_add(data, fmt, act):
+@given(st.data(), FORMATS, ACTS, st.sampled_from(["Add", "Mul"]))
+def test_add_mul(data, fmt, act, op):
     rng = np.random.default_rng(data.draw(st.integers(0, 2**16)))
     c, h, w = data.draw(st.integers(1, 6)), data.draw(st.integers(1, 9)), data.draw(st.integers(1, 9))
     bshape = data.draw(st.sampled_from([[1, c, h, w], [1, c, 1, 1], [1, 1, h, w]]))
-    m = model([helper.make_node("Add", ["a", "b"], ["y"])], [("a", [1, c, h, w]), ("b", bshape)], ["y"], {})
+    m = model([helper.make_node(op, ["a", "b"], ["y"])], [("a", [1, c, h, w]), ("b", bshape)], ["y"], {})
     q = quantize(m, {"a": [1, c, h, w], "b": bshape}, fmt, False, act, seed=int(rng.integers(1000)),
                  lo=-float(rng.uniform(0.1, 3)), hi=float(rng.uniform(0.1, 3)))
-    check(q, "add")
+    check(q, op.lower())
 
 
 @SETTINGS
@@ -176,3 +176,27 @@ def test_data_movement(data, fmt, act):
     q = quantize(m, shapes, fmt, False, act, seed=int(rng.integers(1000)), lo=-float(rng.uniform(0.1, 4)),
                  hi=float(rng.uniform(0.1, 4)), op_types=[kind])
     check(q, None)
+
+
+@pytest.mark.parametrize("fmt", ["qdq", "qoperator"])
+def test_float_io_uses_the_quantize_dequantize_fallback(fmt):
+    """Without --full-integer the graph input Q and output DQ stay: bf16 act/mul/fma sequences.
+    `ort` rounding reproduces ORT's QuantizeLinear/DequantizeLinear bit for bit."""
+    rng = np.random.default_rng(5)
+    q = quantize(conv_model(rng, 3, 4, 3, 1, 1, [1, 1, 1, 1], 1, True, True, (6, 6)), {"x": [1, 3, 6, 6]},
+                 fmt, full_integer=False)
+    c = compile(q)
+    assert c.report.unsupported == [] and c.report.lowered.get("act") and c.report.lowered.get("fma")
+    r = verify(c)
+    assert all(o.exact for o in r.outputs if o.mode == "ort"), r.outputs
+    from torq.runtime import reference
+    x = reference.random_inputs(q, 0)
+    ref = reference.run(q, x)["y"]
+    nat = c.run(x, rounding="native")["y"]
+    # native: bf16 arithmetic (8-bit mantissa) in the input Q and the output DQ sequences. The DQ
+    # computes q·bf16(s) + bf16(-zp·s) with ~3 bf16 roundings of values up to (128 + |zp|)·s.
+    inits = {t.name: __import__("onnx").numpy_helper.to_array(t) for t in q.graph.initializer}
+    dq = [n for n in q.graph.node if n.op_type == "DequantizeLinear" and n.output[0] == "y"][0]
+    s_y, z_y = float(inits[dq.input[1]]), int(inits[dq.input[2]])
+    bound = 3 * 2.0 ** -8 * s_y * (128 + abs(z_y)) + 2 * s_y   # + 1 LSB from the bf16 input Q
+    assert np.max(np.abs(nat - ref)) <= bound, (np.max(np.abs(nat - ref)), bound)

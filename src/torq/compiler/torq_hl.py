@@ -16,6 +16,9 @@ Semantics (NCHW, int8 activations; see runtime/nss.py and compiler/fixed_point.p
   avg_pool2d: acc = sum(input - input_zp) over the window; per-count multiplier (global: one)
   maxpool2d: integer max over the window (padding never wins)
   table: out = table[input - (-128)]  (256 i32 entries, one per int8 input value)
+  mul:   mode "int8": out = ACT((input1 - zp1)·(input2 - zp2), scale_bias[1], shift_factor)  (Mul)
+         mode "bf16": out = bf16(input1 · input2 + bias), input2 a bf16 constant (Q/DQ fallback;
+         the int8-only attributes are 0 there, the bf16-only `bias` is [] in int8 mode)
   act / mul / fma: the bf16 fallback for standalone Quantize/Dequantize (seed §4.4.2)
   fma:   out = clamp(input * weights + biases, output_min, output_max), integer; weights/biases
          have one entry or one per index of the input's first axis
@@ -52,8 +55,10 @@ OPS: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {
     "maxpool2d": (("init", "input"), {"kernel": I64A, "stride": I64A, "pad": I64A, "dilation": I64A}),
     "table": (("init", "input"), {"table": I64A}),
     "act": (("init", "input"), {"mode": STR}),
-    "mul": (("init", "input"), {"multiplier": F32A, "bias": F32A, "ort_scale": F32A, "ort_zp": I32,
-                                "ort_mode": STR}),
+    "mul": (("init", "input1", "input2"), {
+        "mode": STR, "input_zps": I64A, "output_zp": I32, "output_min": I32, "output_max": I32,
+        "shift_factor": I32, "scale_bias": I64A, "bias": F32A,
+        "ort_scales": F32A, "ort_zp": I32, "ort_mode": STR, "ort_zp_shift": I32}),
     "fma": (("init", "input"), {"weights": I64A, "biases": I64A, "output_min": I32, "output_max": I32}),
     "reduce": (("init", "input"), {"mode": STR, "dims": I64A}),
 }

@@ -365,16 +365,44 @@ def _act(op, folder, rtype):
 
 def _mul(op, folder, rtype):
     a = torq_hl.op_attrs(op)
-    m, b = np.float32(a["multiplier"][0]), np.float32(a["bias"][0])
-    s, zp, qmode = np.float32(a["ort_scale"][0]), int(a["ort_zp"]), a["ort_mode"]
+    if a["mode"] == "int8":
+        return _int_mul(a, rtype)
+    b = np.float32(a["bias"][0])
+    s, zp, qmode = np.float32(a["ort_scales"][0]), int(a["ort_zp"]), a["ort_mode"]
 
     def fn(args, rounding):
-        (x,) = args
+        x, factor = args
         if rounding == "native":
-            return fixed_point.to_bf16(fixed_point.to_bf16(x * m) + b)
+            return fixed_point.to_bf16(fixed_point.to_bf16(x * np.float32(factor.reshape(-1)[0])) + b)
         if qmode == "quantize":   # ORT QuantizeLinear: RNE(x / s) + zp (true division)
             return np.rint(np.divide(x, s, dtype=np.float32)) + np.float32(zp)
         return fixed_point.dequantize_ort(x.astype(np.int64), s, zp)
+    return fn
+
+
+def _int_mul(a, rtype):
+    za, zb = (int(v) for v in a["input_zps"])
+    sa, sb, sc = (np.float32(v) for v in a["ort_scales"])
+    mult, shift, k = int(a["scale_bias"][1]), a["shift_factor"], a["ort_zp_shift"]
+
+    def fn(args, rounding):
+        x, y = args
+        if rounding == "native":
+            out = fixed_point.mul_native(x, y, za, zb, mult, shift, a["output_zp"], a["output_min"], a["output_max"])
+        else:   # ORT adds the zero point in float before rounding: work in its (uint8) domain
+            out = fixed_point.mul_ort(x.astype(np.int64) + k, y.astype(np.int64) + k, sa, za + k, sb, zb + k, sc,
+                                      a["output_zp"] + k, a["output_min"] + k, a["output_max"] + k) - k
+        return np.asarray(out).astype(rtype)
+
+    def explain(args, ort_out):
+        native = fn(args, "native")
+        mask, mx = _diff(native, ort_out)
+        if not mask.any():
+            return ort_out.size, 0, 0, {}
+        x, y = (np.broadcast_to(v, ort_out.shape) for v in args)
+        p = (x[mask].astype(np.int64) - za) * (y[mask].astype(np.int64) - zb)
+        return ort_out.size, int(mask.sum()), mx, fixed_point.explain_diffs(p, ((float(sa), float(sb)), (float(sc),)))
+    fn.explain = explain
     return fn
 
 

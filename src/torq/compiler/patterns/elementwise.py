@@ -1,6 +1,7 @@
 """Quantized binary elementwise ops.
 
     Q ∘ addf(DQ(a), DQ(b)) -> torq_hl.add
+    Q ∘ mulf(DQ(a), DQ(b)) -> torq_hl.mul  (mode int8: (a - zp_a)(b - zp_b) rescaled by sa·sb/sc)
 
 NPU form: t = (a - zp_a)·m_a + (b - zp_b)·m_b, one shared shift, NTP rounding (fixed_point.add_*).
 The reference compiler uses int16 multipliers; we keep int32 ones so the NPU result stays within
@@ -22,30 +23,36 @@ def _broadcastable(a, b, out):
         return False
 
 
-class QAdd:
-    """Q ∘ addf(DQ(a), DQ(b)) -> torq_hl.add"""
+class QBinary:
+    """Q ∘ <op>f(DQ(a), DQ(b)) -> torq_hl.<op>"""
+    arith = ""
 
     def match(self, ctx: Ctx, root: Root):
         op = L.producer(root.value)
         g = ctx.generic(op)
         if g is None:
             return None
-        pair = L.as_binary(g, "arith.addf")
+        pair = L.as_binary(g, self.arith)
         if pair is None:
             return None
         da, db = ctx.dequant(g.inputs[pair[0]]), ctx.dequant(g.inputs[pair[1]])
         if da is None or db is None:
-            return ctx.fail(op, "an Add input is not dequantized from an integer tensor")
+            return ctx.fail(op, "an input is not dequantized from an integer tensor")
         try:
             params = [scalar(da[1], "scale"), scalar(da[2], "zero point"),
                       scalar(db[1], "scale"), scalar(db[2], "zero point")]
         except ValueError as e:
-            return ctx.fail(op, f"Add input {e}")
+            return ctx.fail(op, f"input {e}")
         if not _broadcastable(L.shape_of(da[0]), L.shape_of(db[0]), L.shape_of(root.op.results[0])):
-            return ctx.fail(op, "Add operands are not numpy-broadcastable to the output")
+            return ctx.fail(op, "operands are not numpy-broadcastable to the output")
         if np.ndim(root.q.scale) or root.q.out_dtype is not np.int8:
             return ctx.fail(op, "output quantization is not per-tensor int8")
         return (op, da[0], db[0], params)
+
+
+class QAdd(QBinary):
+    """Q ∘ addf(DQ(a), DQ(b)) -> torq_hl.add"""
+    arith = "arith.addf"
 
     def rewrite(self, ctx: Ctx, root: Root, m):
         op, a, b, (sa, za, sb, zb) = m
@@ -58,4 +65,18 @@ class QAdd:
         return emit("add", root, [a, b], attrs, op)
 
 
-RULES = [QAdd()]
+class QMul(QBinary):
+    """Q ∘ mulf(DQ(a), DQ(b)) -> torq_hl.mul (mode int8)"""
+    arith = "arith.mulf"
+
+    def rewrite(self, ctx: Ctx, root: Root, m):
+        op, a, b, (sa, za, sb, zb) = m
+        sc = float(root.q.scale)
+        mult, shift = fixed_point.mul_multiplier(sa, sb, sc)
+        attrs = dict(mode="int8", input_zps=[za, zb], output_zp=int(root.q.zp), output_min=root.q.lo,
+                     output_max=root.q.hi, shift_factor=shift, scale_bias=[0, mult], bias=[],
+                     ort_scales=[sa, sb, sc], ort_zp=0, ort_mode="mul", ort_zp_shift=ctx.ort_zp_shift)
+        return emit("mul", root, [a, b], attrs, op)
+
+
+RULES = [QAdd(), QMul()]

@@ -23,10 +23,28 @@ def _retyped(value_type, elem):
     return ir.RankedTensorType.get(list(t.shape), e)
 
 
+def _bf16_factor(value: float, loc, ip):
+    """A one-element bf16 constant (the fallback mul's second operand)."""
+    from torch_mlir import ir
+    t = ir.RankedTensorType.get([1], ir.BF16Type.get())
+    attr = ir.DenseElementsAttr.get_splat(t, ir.FloatAttr.get(ir.BF16Type.get(), float(fixed_point.to_bf16(np.float32(value)))))
+    return ir.Operation.create("arith.constant", results=[t], attributes={"value": attr}, loc=loc, ip=ip).results[0]
+
+
+def _bf16_mul(factor, bias, scale, zp, ort_mode):
+    return dict(mode="bf16", input_zps=[0, 0], output_zp=0, output_min=0, output_max=0, shift_factor=0,
+                scale_bias=[0, 0], bias=[bias], ort_scales=[scale], ort_zp=zp, ort_mode=ort_mode,
+                ort_zp_shift=0), factor
+
+
 def _seq(steps, x, loc, ip):
     for name, rtype, attrs in steps:
         init = empty(rtype, loc, ip)
-        x = torq_hl.create(name, rtype, [init, x], attrs, loc, ip).results[0]
+        operands = [init, x]
+        if isinstance(attrs, tuple):          # mul: (attributes, constant factor)
+            attrs, factor = attrs
+            operands.append(_bf16_factor(factor, loc, ip))
+        x = torq_hl.create(name, rtype, operands, attrs, loc, ip).results[0]
     return x
 
 
@@ -45,9 +63,7 @@ class QuantizeFallback:
         ip, loc = ir.InsertionPoint(root.op), root.op.location
         t_in = root.value.type
         steps = [("act", _retyped(t_in, "bf16"), dict(mode="f2f")),
-                 ("mul", _retyped(t_in, "bf16"), dict(multiplier=[fixed_point.to_bf16(np.float32(1.0 / scale))],
-                                                      bias=[float(zp)], ort_scale=[scale], ort_zp=zp,
-                                                      ort_mode="quantize")),
+                 ("mul", _retyped(t_in, "bf16"), _bf16_mul(1.0 / scale, float(zp), scale, zp, "quantize")),
                  ("act", _retyped(t_in, "i32"), dict(mode="f2i")),
                  ("fma", root.op.results[0].type, dict(weights=[1], biases=[0], output_min=root.q.lo,
                                                        output_max=root.q.hi))]
@@ -65,8 +81,7 @@ class DequantizeFallback:
         ip, loc = ir.InsertionPoint(op), op.location
         x = g.inputs[d.source_index]
         steps = [("act", _retyped(x.type, "bf16"), dict(mode="i2f")),
-                 ("mul", _retyped(x.type, "bf16"), dict(multiplier=[fixed_point.to_bf16(np.float32(scale))],
-                                                        bias=[float(fixed_point.to_bf16(np.float32(-zp * scale)))],
-                                                        ort_scale=[scale], ort_zp=zp, ort_mode="dequantize")),
+                 ("mul", _retyped(x.type, "bf16"), _bf16_mul(scale, float(fixed_point.to_bf16(np.float32(-zp * scale))),
+                                                             scale, zp, "dequantize")),
                  ("act", op.results[0].type, dict(mode="f2f"))]
         return _seq(steps, x, loc, ip).owner
