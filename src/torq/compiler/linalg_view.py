@@ -208,23 +208,25 @@ class Generic:
         self.block = op.regions[0].blocks[0]
 
     def in_iteration_space(self, i, arr):
-        """Input array re-laid on the iteration dims (missing dims as size-1 axes)."""
+        """Input array re-laid on the iteration dims (missing dims as size-1 axes).
+
+        Indexing-map results must be dims, or the constant 0 on a size-1 axis (a broadcast)."""
         from torch_mlir import ir
         m = self.maps[i]
-        dims = []
-        for e in m.results:
-            if not isinstance(e, ir.AffineDimExpr):
-                try:
-                    e = ir.AffineDimExpr(e)
-                except Exception:  # noqa: BLE001
-                    if isinstance(e, ir.AffineConstantExpr) or "affine_map" not in str(e):
-                        raise NotImplementedError("non-dim indexing map")
-                    raise NotImplementedError("non-dim indexing map")
-            dims.append(e.position)
-        n = m.n_dims
         arr = np.asarray(arr)
-        if arr.ndim != len(dims):
+        if arr.ndim != len(m.results):
             raise NotImplementedError("rank mismatch")
+        dims, keep = [], []
+        for k, e in enumerate(m.results):
+            if _is_dim(e):
+                dims.append(ir.AffineDimExpr(e).position)
+                keep.append(k)
+            elif str(e) == "0" and arr.shape[k] == 1:
+                continue
+            else:
+                raise NotImplementedError(f"indexing map result {e}")
+        arr = arr.reshape([arr.shape[k] for k in keep])
+        n = m.n_dims
         order = sorted(range(len(dims)), key=lambda k: dims[k])
         arr = np.transpose(arr, order)
         present = sorted(dims)
@@ -284,6 +286,15 @@ class Generic:
         return np.ascontiguousarray(out.astype(np_dtype(self.op.results[0].type), copy=False))
 
 
+def _is_dim(e) -> bool:
+    from torch_mlir import ir
+    try:
+        ir.AffineDimExpr(e)
+        return True
+    except (TypeError, ValueError):
+        return False
+
+
 def _outside(op, generic) -> bool:
     p = op.parent
     while p is not None:
@@ -299,9 +310,6 @@ def _is_var(x) -> bool:
 
 def _rtype(node: Node):
     return np_dtype(node.attr.split("|", 1)[1])
-
-
-_CMPF = {"0": None}
 
 
 def eval_node(t, env):

@@ -75,7 +75,7 @@ def irdl_text() -> str:
         for i, _ in enumerate(operands):
             lines.append(f"    %o{i} = irdl.any")
         lines.append("    %r = irdl.any")
-        for i, (a, kind) in enumerate(attrs.items()):
+        for i, kind in enumerate(attrs.values()):
             lines.append(f"    %a{i} = irdl.base {_IRDL_KIND[kind]}")
         ops = ", ".join(f"{n}: %o{i}" for i, n in enumerate(operands))
         lines.append(f"    irdl.operands({ops})")

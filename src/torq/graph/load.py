@@ -133,7 +133,7 @@ def _load_external_data(m: onnx.ModelProto, path: Path) -> None:
             offset = int(info.get("offset", 0) or 0)
             length = int(info["length"]) if info.get("length") else size - offset
         except ValueError:
-            raise TorqError(f"{path}: tensor '{name}' has a non-integer external data offset/length")
+            raise TorqError(f"{path}: tensor '{name}' has a non-integer external data offset/length") from None
         if offset < 0 or length < 0 or offset + length > size:
             raise TorqError(f"{path}: tensor '{name}' external data [{offset}, {offset + length}) "
                             f"lies beyond the end of '{loc}' ({size} bytes)")

@@ -7,7 +7,7 @@ Every rule is rooted at a quantize generic (the end of a QDQ "sandwich").
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -181,11 +181,6 @@ def weights_operand(w: np.ndarray, loc, ip):
     """Weights as i8 when they fit (w_zp == 0), else i16 (seed §4.3.1)."""
     kind = "i8" if w.min() >= -128 and w.max() <= 127 else "i16"
     return constant(w, kind, loc, ip)
-
-
-@dataclass
-class RuleSet:
-    rules: list = field(default_factory=list)
 
 
 def lookup_table(*generics) -> np.ndarray:

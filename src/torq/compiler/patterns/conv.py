@@ -57,7 +57,6 @@ def _per_tensor(ctx: Ctx, root: Root):
         return None
     acc = g.inputs[d.source_index]
     conv = L.producer(acc)
-    depthwise = False
     if conv is not None and conv.name == "tensor.collapse_shape":       # grouped: [N,G,O/G,H,W]
         conv = L.producer(conv.operands[0])
         if conv is None or conv.name != "linalg.conv_2d_ngchw_gfchw_q":
@@ -66,7 +65,6 @@ def _per_tensor(ctx: Ctx, root: Root):
     if conv is not None and conv.name == "linalg.transpose":
         inner = _unwrap_transpose(acc, [0, 3, 1, 2])
         conv = L.producer(inner) if inner is not None else None
-        depthwise = conv is not None and conv.name == "linalg.depthwise_conv_2d_nhwc_hwc_q"
     if conv is None or conv.name not in ("linalg.conv_2d_nchw_fchw_q", "linalg.depthwise_conv_2d_nhwc_hwc_q"):
         return None
     depthwise = conv.name == "linalg.depthwise_conv_2d_nhwc_hwc_q"

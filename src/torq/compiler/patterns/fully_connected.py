@@ -42,8 +42,8 @@ def _bias_add(ctx: Ctx, value):
     return g.inputs[g.var_inputs[0]], bq[0].astype(np.int64).ravel(), bq[1]
 
 
-def _weights_OK(ctx: Ctx, wv, O):
-    """[K, O] weight operand (often a transpose of an [O, K] constant) -> ([O, K] array, producer chain)."""
+def _untransposed(wv):
+    """The [K, O] weight operand is usually a transpose of the [O, K] constant: (source, transposed?)."""
     op = L.producer(wv)
     if op is not None and op.name == "linalg.transpose" and L.attr_ints(op, "permutation") == [1, 0]:
         return op.operands[0], True
@@ -66,7 +66,7 @@ class QFullyConnected:
                 return None
             x, wv, in_zp_v, w_zp_v, _ = mm.operands
             in_zp, w_zp = ctx.const(in_zp_v), ctx.const(w_zp_v)
-            src, transposed = _weights_OK(ctx, wv, None)
+            src, transposed = _untransposed(wv)
             w = ctx.const(src)
             if w is None or in_zp is None or w_zp is None:
                 return ctx.fail(mm, "weights or zero points are not compile-time constants")
@@ -80,7 +80,7 @@ class QFullyConnected:
             if dq is None:
                 return ctx.fail(mm, "input is not dequantized from an integer tensor")
             x, xs, in_zp = dq
-            src, transposed = _weights_OK(ctx, wv, None)
+            src, transposed = _untransposed(wv)
             wq = ctx.int_const_of_dequant(src)
             if wq is None:
                 return ctx.fail(mm, "weights are not dequantized constants")
