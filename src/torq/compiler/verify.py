@@ -12,6 +12,7 @@ class VerifyResult:
     op_diffs: list = field(default_factory=list)    # [nss.OpDiff] native vs ort on identical inputs
     lowered: dict = field(default_factory=dict)
     modes: tuple = ()
+    ort_kernels: dict = field(default_factory=dict)   # what ORT ran (its optimized graph)
 
     @property
     def ok(self) -> bool:
@@ -24,7 +25,8 @@ def verify(compiled, seed: int = 0, modes=("native", "ort"), inputs=None) -> Ver
     """Run NSS (each rounding mode) and ORT on the same random inputs and compare."""
     inputs = inputs if inputs is not None else reference.random_inputs(compiled.model, seed)
     ref = reference.run(compiled.model, inputs)
-    res = VerifyResult(lowered=dict(compiled.report.lowered), modes=tuple(modes))
+    res = VerifyResult(lowered=dict(compiled.report.lowered), modes=tuple(modes),
+                       ort_kernels=reference.kernels(compiled.model))
     feed = compiled.feed(inputs)
     for mode in modes:
         if mode == "ort":
@@ -41,6 +43,12 @@ def print_report(res: VerifyResult, console=None) -> None:
     from rich.table import Table
     console = console or Console()
     console.print("lowered to torq_hl: " + ", ".join(f"{k}×{v}" for k, v in sorted(res.lowered.items())))
+    ran = {k: v for k, v in res.ort_kernels.items() if k not in ("Transpose", "Reshape", "Flatten")}
+    console.print("ONNX Runtime ran: " + ", ".join(f"{k}×{v}" for k, v in sorted(ran.items())))
+    unfused = [k for k in reference.FLOAT_COMPUTE if k in res.ort_kernels]
+    if unfused:
+        console.print(f"[yellow]note[/]: ORT ran {', '.join(unfused)} in float (not fused into its integer "
+                      "kernels): its output is not integer-exact, ±1 LSB near ties is expected there")
     t = Table(title="NSS simulator vs ONNX Runtime (whole model, random inputs)")
     for col in ("output", "rounding", "max |Δ| (LSB)", "differing", "verdict"):
         t.add_column(col)

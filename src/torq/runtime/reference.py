@@ -28,6 +28,22 @@ def session(model: onnx.ModelProto, threads: int = 0, optimized_model_path: str 
         raise TorqError(f"ONNX Runtime cannot load the model: {str(e).splitlines()[0]}") from None
 
 
+def kernels(model: onnx.ModelProto) -> dict[str, int]:
+    """Op types ORT actually runs after its graph optimisations (from the saved optimized model)."""
+    import tempfile
+    from pathlib import Path
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "optimized.onnx"
+        session(model, optimized_model_path=path)
+        counts: dict[str, int] = {}
+        for n in onnx.load(path, load_external_data=False).graph.node:
+            counts[n.op_type] = counts.get(n.op_type, 0) + 1
+    return counts
+
+
+FLOAT_COMPUTE = ("Conv", "MatMul", "Gemm", "AveragePool", "GlobalAveragePool")
+
+
 def run(model: onnx.ModelProto, inputs: dict[str, np.ndarray], sess=None) -> dict[str, np.ndarray]:
     sess = sess or session(model)
     names = [o.name for o in sess.get_outputs()]
