@@ -195,6 +195,192 @@ def test_conv2d_acc_chunked_float32_path():
     assert (got == 64 * 9 * 128 * 128).all()
 
 
+class _kernel_knobs:
+    """Temporarily set kernels' tuning constants (column mode, block budget)."""
+
+    def __init__(self, **kw):
+        self.kw = kw
+
+    def __enter__(self):
+        self.old = {k: getattr(kernels, k) for k in self.kw}
+        for k, v in self.kw.items():
+            setattr(kernels, k, v)
+
+    def __exit__(self, *exc):
+        for k, v in self.old.items():
+            setattr(kernels, k, v)
+
+
+def _weights(rng, kind, shape):
+    if kind == "i8":
+        return rand_q(rng, shape, np.int8).astype(np.int16)
+    if kind == "i8max":       # every |w| = 127/128: the float32 chunk bound is tight
+        return rng.choice(np.array([-128, 127, -127], np.int16), size=shape)
+    if kind == "sparse":      # mostly zeros: Σ|w| << K * max|w|, long chunks
+        w = rand_q(rng, shape, np.int8).astype(np.int16)
+        w[rng.random(shape) < 0.9] = 0
+        return w
+    return rng.integers(-30000, 30001, size=shape).astype(np.int16)     # i16big: float64 path
+
+
+def _assert_exact_bounds(plan):
+    """The float32 exactness invariants of every engine a ConvPlan built: per chunk,
+    key * max_o Σ_k |w| (direct) or 4*key * max_(xi,nu,o) Σ_c |U| (Winograd) < 2**24, and the
+    Winograd int32 output transform bound 4*key * max_o Σ|U| < 2**31."""
+    if plan._weights is not None:
+        for key, eng in plan._weights._plans.items():
+            if eng.dtype is np.float32:
+                for k0, k1, m in eng.chunks:
+                    assert key * np.abs(m.astype(np.int64)).sum(axis=-1).max() <= 2 ** 24 - 1
+    if plan._wino is not None:
+        for key, chunks in plan._wino._plans.items():
+            if chunks is not None:
+                assert 4 * key * plan._wino.tot < 2 ** 31
+                for c0, c1, u in chunks:
+                    assert 4 * key * np.abs(u.astype(np.int64)).sum(axis=-1).max() <= 2 ** 24 - 1
+
+
+def _check_plan(x, w, b, pads, pv, s, d, g):
+    """ConvPlan (all column modes / blockings) == int64 reference, and its fused
+    requantisation == act_native / requant_ort of the reference accumulator."""
+    ref = conv_ref(x, w, b, pads, pv, s, d, g)
+    rng = np.random.default_rng(int(np.abs(ref).sum()) % 2 ** 32)
+    O = w.shape[0]
+    mult = rng.integers(1, 2 ** 31, size=O) if rng.random() < 0.5 else int(rng.integers(1, 2 ** 31))
+    shift = int(rng.integers(24, 50))
+    scale = (rng.uniform(0.5, 2, O) * 1e-4).astype(F32)
+    zp = int(rng.integers(-128, 128))
+    for knobs in (dict(_WIDE_MAX_WASTE=0.0, _WINO_MIN_TILES=10 ** 9), dict(_WIDE_MAX_WASTE=1.0),
+                  dict(_WIDE_MAX_WASTE=0.05, _COLS_BUDGET=64), dict(_WINO_MIN_TILES=1)):
+        with _kernel_knobs(**knobs):
+            plan = kernels.ConvPlan(w, b, pads, pv, s, d, g)
+            for _ in range(2):                      # a plan is reusable
+                got = plan(x)
+                assert got.dtype == np.int64
+                np.testing.assert_array_equal(got, ref)
+            parts = plan.parts(x)
+            _assert_exact_bounds(plan)
+            assert np.abs(ref).max(initial=0) <= parts.bound
+            assert np.abs(np.asarray(parts.acc, np.float64)).max(initial=0) <= parts.acc_bound
+            np.testing.assert_array_equal(parts.int64(), ref)
+            kw = dict(acc_bound=parts.acc_bound, bound=parts.bound, axis=1, out_dtype=np.int8)
+            np.testing.assert_array_equal(
+                fp.act_native_parts(parts.acc, parts.extra, mult, shift, zp, -128, 127, **kw),
+                fp.act_native(ref, mult, shift, zp, -128, 127).astype(np.int8))
+            np.testing.assert_array_equal(
+                fp.requant_ort_parts(parts.acc, parts.extra, scale, zp, -128, 127, **kw),
+                fp.requant_ort(ref, scale, zp, -128, 127).astype(np.int8))
+
+
+@settings(max_examples=120, **SETTINGS)
+@given(conv_geometry(max_c=20, max_hw=18), st.sampled_from(["u8", "i8", "i16"]),
+       st.sampled_from(["i8", "i8max", "sparse", "i16big"]), st.integers(0, 2 ** 32 - 1))
+def test_conv_plan_equals_int64_reference(geo, xdt, wkind, seed):
+    """The optimised conv path (phases, wide / exact columns, row blocks, float32 chunks,
+    float64 / int64 engines, fused requant) on random geometries: 1x1, strides, dilations,
+    groups, depthwise, asymmetric pads, batch 2."""
+    rng = np.random.default_rng(seed)
+    shape = (geo["N"], geo["C"], geo["H"], geo["W"])
+    if xdt == "i16":
+        x = rng.integers(-3000, 3001, size=shape).astype(np.int16)
+        pv = int(rng.integers(-3000, 3001))
+    else:
+        xt = np.uint8 if xdt == "u8" else np.int8
+        x = rand_q(rng, shape, xt)
+        pv = int(rng.integers(*qrange(xt)))
+    w = _weights(rng, wkind, (geo["O"], geo["C"] // geo["g"], *geo["k"]))
+    b = rng.integers(-2 ** 20, 2 ** 20, size=geo["O"])
+    _check_plan(x, w, b, geo["pads"], pv, geo["s"], geo["d"], geo["g"])
+
+
+@pytest.mark.parametrize("case", [
+    # (N, C, O, H, W, k, stride, dilation, pads, groups, x kind, w kind)
+    (1, 64, 8, 9, 9, 5, 1, 1, (2, 2, 2, 2), 1, "i8", "i8max"),       # K = 1600: 2+ float32 chunks
+    (1, 128, 4, 6, 7, 3, 2, 1, (1, 0, 1, 1), 1, "u8", "i8max"),      # chunks + centring + stride 2
+    (2, 144, 6, 8, 8, 5, 1, 2, (4, 4, 4, 4), 3, "i8", "i8max"),      # grouped, dilated, chunked
+    (1, 512, 16, 3, 3, 3, 1, 1, (1, 1, 1, 1), 1, "i8", "sparse"),    # K = 4608, sparse weights
+    (1, 32, 16, 12, 12, 1, 1, 1, (0, 0, 0, 0), 1, "u8", "i8"),       # 1x1: no column buffer
+    (1, 32, 16, 12, 12, 1, 2, 1, (0, 0, 0, 0), 1, "i8", "i8"),       # 1x1 stride 2
+    (2, 3, 8, 23, 21, 7, 2, 1, (3, 3, 3, 3), 1, "i8", "i8"),         # ResNet stem (odd sizes)
+    (1, 8, 8, 10, 10, 3, 1, 1, (1, 1, 1, 1), 8, "u8", "i8"),         # depthwise
+    (1, 16, 8, 7, 7, 3, 1, 1, (1, 1, 1, 1), 1, "i16", "i16big"),     # float64 engine
+    (1, 4, 3, 5, 5, 3, 1, 1, (1, 1, 1, 1), 1, "i32", "i16big"),      # int64 engine
+    (2, 24, 10, 13, 12, 3, 1, 1, (1, 0, 2, 1), 1, "u8", "i8"),       # Winograd, odd sizes
+    (1, 512, 8, 6, 7, 3, 1, 1, (1, 1, 1, 1), 1, "i8", "i8"),         # Winograd, chunked
+    (1, 16, 8, 12, 12, 3, 1, 1, (0, 0, 0, 0), 1, "i8", "i8"),        # Winograd, no padding
+    (1, 16, 8, 12, 12, 3, 1, 1, (1, 1, 1, 1), 1, "i16", "i8"),       # i16 input: direct fallback
+])
+def test_conv_plan_paths(case):
+    N, C, O, H, W, k, s, d, pads, g, xk, wk = case
+    rng = np.random.default_rng(C * 1000 + O)
+    if xk == "i32":
+        x = rng.integers(-2 ** 28, 2 ** 28, size=(N, C, H, W)).astype(np.int32)
+        pv = 2 ** 27
+    elif xk == "i16":
+        x = rng.integers(-20000, 20001, size=(N, C, H, W)).astype(np.int16)
+        pv = -7
+    else:
+        xt = np.uint8 if xk == "u8" else np.int8
+        x = rand_q(rng, (N, C, H, W), xt)
+        x.reshape(-1)[0] = qrange(xt)[0]
+        pv = int(rng.integers(*qrange(xt)))
+    w = _weights(rng, wk, (O, C // g, k, k))
+    b = rng.integers(-2 ** 20, 2 ** 20, size=O)
+    _check_plan(x, w, b, pads, pv, (s, s), (d, d), g)
+    if wk in ("i8max", "sparse"):      # int8 weights: always float32, chunked iff 128*Σ|w| >= 2**24
+        plan = kernels.ConvPlan(w, b, pads, pv, s, d, g)
+        plan(x)
+        (eng,) = plan.weights._plans.values()
+        assert eng.dtype is np.float32
+        assert (len(eng.chunks) > 1) == (128 * plan.weights.S >= 2 ** 24)
+        if wk == "i8max":
+            assert len(eng.chunks) > 1
+    if k == 3 and s == d == g == 1 and xk != "i32":          # Winograd-eligible
+        with _kernel_knobs(_WINO_MIN_TILES=1):
+            plan = kernels.ConvPlan(w, b, pads, pv, s, d, g)
+            np.testing.assert_array_equal(plan(x), conv_ref(x, w, b, pads, pv, (s, s), (d, d), g))
+            (chunks,) = plan._wino._plans.values()
+            if xk in ("i8", "u8") and wk in ("i8", "sparse"):      # else it may fall back
+                assert chunks is not None
+                assert (len(chunks) > 1) == (C == 512 and wk == "i8")
+
+
+@settings(max_examples=300, **SETTINGS)
+@given(st.sampled_from(["f32", "f64", "i64", "i32"]), st.integers(0, 40), st.sampled_from(
+    ["per_tensor", "per_channel"]), st.integers(0, 62), st.sampled_from([np.int8, np.uint8, np.int16]),
+    st.booleans(), st.integers(0, 2 ** 32 - 1))
+def test_requant_parts_equal_reference(kind, mag, mode, shift, out_t, loose, seed):
+    """act_native_parts / requant_ort_parts == act_native / requant_ort on acc + extra,
+    including accumulators that wrap int32, huge shifts and loose bounds (fallbacks)."""
+    rng = np.random.default_rng(seed)
+    O = int(rng.integers(1, 9))
+    hi_acc = min(2 ** min(mag, 24) if kind == "f32" else 2 ** mag, 2 ** 40)
+    acc = rng.integers(-hi_acc, hi_acc + 1, size=(2, O, 5))
+    extra = rng.integers(-2 ** min(mag, 33), 2 ** min(mag, 33) + 1, size=O)
+    total = acc + extra[None, :, None]
+    a = {"f32": F32, "f64": np.float64, "i64": np.int64, "i32": np.int64}[kind]
+    if kind == "i32":
+        acc = np.clip(acc, -2 ** 31, 2 ** 31 - 1)
+        total = acc + extra[None, :, None]
+    acc_in = acc.astype(a)
+    if kind == "f32":
+        assert (acc_in.astype(np.int64) == acc).all()
+    acc_bound = int(np.abs(acc).max()) * (3 if loose else 1)
+    bound = int(np.abs(total).max()) * (3 if loose else 1)
+    mult = rng.integers(0, 2 ** 31, size=O) if mode == "per_channel" else int(rng.integers(0, 2 ** 31))
+    qmin, qmax = qrange(out_t)
+    zp = int(rng.integers(qmin, qmax + 1))
+    kw = dict(acc_bound=acc_bound, bound=bound, axis=1, out_dtype=out_t)
+    got = fp.act_native_parts(acc_in, extra, mult, shift, zp, qmin, qmax, **kw)
+    assert got.dtype == out_t
+    np.testing.assert_array_equal(got, fp.act_native(total, mult, shift, zp, qmin, qmax).astype(out_t))
+    scale = (rng.uniform(0.1, 10, O) * 2.0 ** -mag).astype(F32) if mode == "per_channel" \
+        else F32(rng.uniform(0.1, 10) * 2.0 ** -mag)
+    got = fp.requant_ort_parts(acc_in, extra, scale, zp, qmin, qmax, **kw)
+    assert got.dtype == out_t
+    np.testing.assert_array_equal(got, fp.requant_ort(total, scale, zp, qmin, qmax).astype(out_t))
+
+
 @settings(max_examples=40, **SETTINGS)
 @given(st.integers(1, 8), st.integers(1, 3000), st.integers(1, 40), st.booleans(),
        st.sampled_from(["i8", "i16big"]), st.integers(0, 2 ** 32 - 1))
@@ -477,6 +663,30 @@ def test_qlinearadd_vs_ort(layout, xt, dyadic_roll, seed):
     ab, bb = np.broadcast_arrays(a, b)
     check_native(key, y, y_nat, lambda idx: fp.explain_add_diffs(
         ab[idx], bb[idx], sa, za, sb, zb, sc))
+
+
+@settings(max_examples=60, **SETTINGS)
+@given(st.sampled_from(["general", "a_scalar", "b_scalar"]), st.sampled_from([0, 128, 200]),
+       st.integers(0, 9), st.integers(0, 2 ** 32 - 1))
+def test_add_ort_table_equals_formula(layout, shift, dyadic_roll, seed):
+    """add_ort's cached pair table (large int operands) == the float32 / FMA formula; values
+    outside the table domain (shift 200) take the formula path."""
+    rng = np.random.default_rng(seed)
+    big, chan = (2, 8, 33, 32), (1, 8, 1, 1)          # 16896 outputs: table path
+    sa_shape, sb_shape = {"general": (big, big), "a_scalar": (chan, big), "b_scalar": (big, chan)}[layout]
+    a = rng.integers(-128, 128, size=sa_shape) + shift
+    b = rng.integers(-128, 128, size=sb_shape) + shift
+    dyadic = dyadic_roll < 3
+    sa, sb = pick_scale(rng, -2.5, -0.5, dyadic), pick_scale(rng, -2.5, -0.5, dyadic)
+    sc = F32((float(sa) + float(sb)) * rng.uniform(0.4, 1.5))
+    za, zb, zc = (int(rng.integers(-128, 128)) + shift for _ in range(3))
+    qmin, qmax = -128 + shift, 127 + shift
+    got = fp.add_ort(a, b, sa, za, sb, zb, sc, zc, qmin, qmax)
+    shape = np.broadcast_shapes(a.shape, b.shape)
+    ref = fp._add_ort_formula(np.broadcast_to(a, shape).astype(F32), np.broadcast_to(b, shape).astype(F32),
+                              fp.ort_broadcast_mode(a.shape, b.shape), sa, za, sb, zb, sc, zc, qmin, qmax)
+    assert got.dtype == np.int64 and got.shape == shape
+    np.testing.assert_array_equal(got, ref)
 
 
 # ----------------------------------------------------------------------------- pools

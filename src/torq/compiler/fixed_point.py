@@ -475,8 +475,39 @@ def add_ort(a, b, sa, za, sb, zb, sc, zc, qmin, qmax) -> np.ndarray:
     b = np.asarray(b)
     mode = ort_broadcast_mode(a.shape, b.shape)
     shape = np.broadcast_shapes(a.shape, b.shape)
+    if (math.prod(shape) >= _ADD_TAB_MIN_SIZE and a.dtype.kind in "iu" and b.dtype.kind in "iu"
+            and a.size and b.size):
+        # y depends on the pair (a, b) only: for int8 / uint8 operands, look it up in a table of
+        # the very same formula over every pair (built once per parameter set, then cached)
+        lo, n = _ADD_TAB_LO, _ADD_TAB_N
+        if lo <= int(a.min()) and int(a.max()) < lo + n and lo <= int(b.min()) and int(b.max()) < lo + n:
+            key = (mode, float(_F32(sa)), int(za), float(_F32(sb)), int(zb), float(_F32(sc)), int(zc),
+                   int(qmin), int(qmax))
+            tab = _ADD_TABLES.get(key)
+            if tab is None:
+                g = np.arange(lo, lo + n, dtype=_F32)
+                tab = _add_ort_formula(np.repeat(g, n), np.tile(g, n), mode, sa, za, sb, zb, sc, zc,
+                                       qmin, qmax)
+                if len(_ADD_TABLES) >= _ADD_TAB_CACHE:
+                    _ADD_TABLES.pop(next(iter(_ADD_TABLES)))
+                _ADD_TABLES[key] = tab
+            idx = a.astype(np.int64) * n
+            idx = idx + b                                  # broadcast to shape
+            idx += -lo * n - lo
+            return tab.take(idx)
     af = np.broadcast_to(a, shape).astype(_F32)
     bf = np.broadcast_to(b, shape).astype(_F32)
+    return _add_ort_formula(af, bf, mode, sa, za, sb, zb, sc, zc, qmin, qmax)
+
+
+_ADD_TAB_LO, _ADD_TAB_N = -128, 384     # add_ort table domain: a, b in [-128, 255]
+_ADD_TAB_MIN_SIZE = 1 << 14             # use (and build) a table from this many outputs on
+_ADD_TAB_CACHE = 64                     # tables kept (insertion order, oldest dropped)
+_ADD_TABLES: dict = {}
+
+
+def _add_ort_formula(af, bf, mode, sa, za, sb, zb, sc, zc, qmin, qmax) -> np.ndarray:
+    """add_ort on float32 operands of one shape, for a given ORT span mode."""
     rA = _F32(_F32(sa) / _F32(sc))
     rB = _F32(_F32(sb) / _F32(sc))
     fza, fzb, fzc = _F32(int(za)), _F32(int(zb)), _F32(int(zc))

@@ -29,7 +29,9 @@ unit-stride window of a phase), and the column buffer [K, L] is filled with one 
 tap. For taps of unit stride the copy is a contiguous slice of the *flattened* phase ("wide"
 columns: the GEMM then also computes ``Wq - OW`` junk columns per output row, which are never
 read). 1x1 convolutions with one phase need no column buffer at all. The GEMM output [O, L] is
-already NCHW.
+already NCHW. 3x3 / stride 1 / single-group convolutions with enough output (>= 32 2x2 tiles)
+use an exact integer Winograd F(2x2, 3x3) instead (16 instead of 36 multiplies per 2x2 output
+tile, see ``_Winograd``); if its bounds do not hold (wide inputs / weights) the GEMM path runs.
 
 Depthwise convolutions are computed by summing KH*KW shifted slices (vectorised over channels),
 in float32 when KH*KW*max|x'|*max|w| < 2**24, else float64/int64.
@@ -52,7 +54,8 @@ _F24 = (1 << 24) - 1
 _F53 = 1 << 53
 _MIN_F32_CHUNK = 64
 _COLS_BUDGET = 1 << 22      # elements of the column buffer per block (16 MiB in float32)
-_WIDE_MAX_WASTE = 0.35      # use "wide" columns when the junk columns are at most this fraction
+_WIDE_MAX_WASTE = 0.05      # use "wide" columns when the junk columns are at most this fraction
+_WINO_MIN_TILES = 32        # Winograd F(2x2, 3x3) when there are at least this many 2x2 tiles
 
 
 def _pair(v) -> tuple[int, int]:
@@ -133,16 +136,42 @@ class _Engine(NamedTuple):
     chunks: list            # [(k0, k1, weight matrix in dtype)]
 
 
+def _greedy_chunks(wm2: np.ndarray, key: int, wmax: int, total: int):
+    """Contiguous K chunks [(k0, k1)] of the rows of wm2 [R, K] such that
+    ``key * Σ_{k in chunk} |wm2[r, k]| <= 2**24 - 1`` for every row r, or None when float32 would
+    need chunks shorter than ``_MIN_F32_CHUNK`` on average (``total`` = key * max_r Σ_k |w|)."""
+    K = wm2.shape[1]
+    limit = _F24 // key
+    if wmax > limit:
+        return None
+    max_chunks = max(1, K // _MIN_F32_CHUNK)
+    if total > (max_chunks + 1) * _F24:     # cannot fit in max_chunks: skip the search
+        return None
+    absw = np.abs(wm2.astype(np.int64))
+    cs = np.zeros((absw.shape[0], K + 1), dtype=np.int64)
+    np.cumsum(absw, axis=1, out=cs[:, 1:])
+    bounds = []
+    k0 = 0
+    while k0 < K:
+        if len(bounds) >= max_chunks:
+            return None
+        reach = (cs[:, k0 + 1:] - cs[:, k0:k0 + 1]).max(axis=0)   # non-decreasing
+        k1 = k0 + int(np.searchsorted(reach, limit, side="right"))
+        bounds.append((k0, k1))
+        k0 = k1
+    return bounds
+
+
 class _Weights:
-    """A weight matrix wm [g, Og, K] (int64) with its exact-GEMM plans, one per input bound."""
+    """A weight matrix wm [g, Og, K] with its exact-GEMM plans, one per input bound key."""
 
     def __init__(self, wm: np.ndarray, right: bool):
-        self.wm = wm                                    # int64 [g, Og, K]
         g, Og, K = wm.shape
         self.K = K
         self.right = right                              # store chunks transposed [g, kc, Og]
-        absw = np.abs(wm).reshape(g * Og, K)
-        self.absw = absw
+        small = wm.size == 0 or (int(wm.min()) >= -(1 << 15) and int(wm.max()) < (1 << 15))
+        self.wm = np.ascontiguousarray(wm, dtype=np.int16 if small else np.int64)
+        absw = np.abs(wm.reshape(g * Og, K).astype(np.int64))
         self.row_abs = absw.sum(axis=1)                 # Σ_k |w[o, k]|
         self.S = int(self.row_abs.max()) if absw.size else 0
         self.wmax = int(absw.max()) if absw.size else 0
@@ -155,28 +184,10 @@ class _Weights:
         return eng
 
     def _chunk_bounds(self, key: int):
-        K = self.K
         total = key * self.S
         if total <= _F24:
-            return [(0, K)]
-        limit = _F24 // key
-        if self.wmax > limit:
-            return None
-        max_chunks = max(1, K // _MIN_F32_CHUNK)
-        if total > (max_chunks + 1) * _F24:     # cannot fit in max_chunks: skip the search
-            return None
-        cs = np.zeros((self.absw.shape[0], K + 1), dtype=np.int64)
-        np.cumsum(self.absw, axis=1, out=cs[:, 1:])
-        bounds = []
-        k0 = 0
-        while k0 < K:
-            if len(bounds) >= max_chunks:
-                return None
-            reach = (cs[:, k0 + 1:] - cs[:, k0:k0 + 1]).max(axis=0)   # non-decreasing
-            k1 = k0 + int(np.searchsorted(reach, limit, side="right"))
-            bounds.append((k0, k1))
-            k0 = k1
-        return bounds
+            return [(0, self.K)]
+        return _greedy_chunks(self.wm.reshape(-1, self.K), key, self.wmax, total)
 
     def _make(self, key: int) -> _Engine:
         bounds = self._chunk_bounds(key)
@@ -229,11 +240,11 @@ def _acc_dtype(eng: _Engine):
     return eng.dtype
 
 
-def _phase(xn, a, b, sh, sw, pt, pl, rows, cols_, fill, c, dtype) -> np.ndarray:
+def _phase(xn, a, b, sh, sw, pt, pl, rows, cols_, fill, c, dtype, out=None) -> np.ndarray:
     """Phase (a, b) of the padded image: out[ch, r, q] = xpad[ch, r*sh + a, q*sw + b] - c for
     r < rows, q < cols_ (positions outside the padded image hold ``fill``). xn [C, H, W]."""
     C, H, W = xn.shape
-    buf = np.empty((C, rows, cols_), dtype=dtype)
+    buf = np.empty((C, rows, cols_), dtype=dtype) if out is None else out
     r0 = max(0, -((a - pt) // sh))
     r1 = min(rows, -((a - pt - H) // sh))
     q0 = max(0, -((b - pl) // sw))
@@ -256,6 +267,105 @@ def _phase(xn, a, b, sh, sw, pt, pl, rows, cols_, fill, c, dtype) -> np.ndarray:
     if c:
         inner -= c
     return buf
+
+
+# Winograd F(2x2, 3x3) with integer transforms (interpolation points 0, 1, -1, inf):
+#   V = B^T d B,  B^T = [[1,0,-1,0], [0,1,1,0], [0,-1,1,0], [0,1,0,-1]]      (|V| <= 4 max|d|)
+#   U = G g G^T,  G = [[2,0,0], [1,1,1], [1,-1,1], [0,0,2]]   (twice the textbook G: integer U)
+#   4 * y = A^T (U ⊙ V) A,  A^T = [[1,1,1,0], [0,1,-1,-1]]
+# so a 4x4 input tile gives a 2x2 output tile with 16 instead of 36 multiplies. Each of the 16
+# (xi, nu) positions is a GEMM over the input channels, made exact by the float32 chunk rule
+# with |V| <= 4*key; the output transform adds the 16 exact products in int32 (guarded by
+# 4*key * max_o Σ_{xi,nu,c} |U| < 2**31) and the final division by 4 is an exact shift.
+_WG = np.array([[2, 0, 0], [1, 1, 1], [1, -1, 1], [0, 0, 2]], dtype=np.int64)
+
+
+class _Winograd:
+    """A 3x3 / stride 1 / dilation 1 / single-group convolution in the Winograd domain."""
+
+    def __init__(self, w64: np.ndarray):
+        O, C = w64.shape[:2]
+        U = np.einsum("ai,ocij,bj->aboc", _WG, w64, _WG).reshape(16, O, C)
+        absu = np.abs(U)
+        self.O, self.C = O, C
+        self.S = int(absu.sum(axis=2).max()) if U.size else 0           # max Σ_c |U|
+        self.tot = int(absu.sum(axis=(0, 2)).max()) if U.size else 0    # max_o Σ_{xi,nu,c} |U|
+        self.umax = int(absu.max()) if U.size else 0
+        self.U = U.astype(np.int16 if self.umax < (1 << 15) else np.int64)
+        self._plans: dict[int, list | None] = {}
+
+    def engine(self, key: int):
+        """[(c0, c1, U chunk float32 [16, O, c1 - c0])] for inputs |x'| <= key, or None."""
+        if key not in self._plans:
+            vkey = 4 * key
+            chunks = None
+            if vkey * self.tot < (1 << 31):
+                total = vkey * self.S
+                bounds = [(0, self.C)] if total <= _F24 else _greedy_chunks(
+                    self.U.reshape(-1, self.C), vkey, self.umax, total)
+                if bounds is not None:
+                    chunks = [(c0, c1, np.ascontiguousarray(self.U[:, :, c0:c1], dtype=np.float32))
+                              for c0, c1 in bounds]
+            self._plans[key] = chunks
+        return self._plans[key]
+
+    def run(self, x, chunks, c, fill, pads, OH, OW) -> np.ndarray:
+        """Accumulator without bias, int32 [N, O, OH, OW] (a view)."""
+        N, C, H, W = x.shape
+        O = self.O
+        pl, pr, pt, pb = pads
+        Th, Tw = (OH + 1) // 2, (OW + 1) // 2
+        Tw1 = Tw + 1                        # one junk tile column per tile row ("wide" layout)
+        Tq = Th * Tw1
+        L = C * Tq
+        f32 = np.float32
+        P = np.empty((2, 2, C, Th + 1, Tw1), dtype=f32)      # phases of the padded input
+        R = np.empty((4, 2, L + 1), dtype=f32)                # row transform, flat, + 1 slack
+        R[:, :, L] = 0
+        R5 = R[:, :, :L].reshape(4, 2, C, Th, Tw1)
+        V = np.empty((4, 4, L), dtype=f32)
+        Vm = V.reshape(16, C, Tq)
+        M = np.empty((16, O, Tq), dtype=f32)
+        Mi = np.empty((16, O, Tq), dtype=np.int32) if len(chunks) > 1 else None
+        S = np.empty((2, 4, O, Tq), dtype=np.int32)
+        Sv = S.reshape(2, 4, O, Th, Tw1)[..., :Tw]
+        acc = np.empty((N, O, 2 * Th, 2 * Tw), dtype=np.int32)
+        i32 = dict(dtype=np.int32, casting="unsafe")
+        for n in range(N):
+            for a in (0, 1):
+                for b in (0, 1):
+                    _phase(x[n], a, b, 2, 2, pt, pl, Th + 1, Tw1, fill, c, f32, out=P[a, b])
+            # tile rows: d0 = P[0][ty], d1 = P[1][ty], d2 = P[0][ty+1], d3 = P[1][ty+1]
+            A0, A1 = P[0], P[1]
+            np.subtract(A0[:, :, :Th], A0[:, :, 1:], out=R5[0])
+            np.add(A1[:, :, :Th], A0[:, :, 1:], out=R5[1])
+            np.subtract(A0[:, :, 1:], A1[:, :, :Th], out=R5[2])
+            np.subtract(A1[:, :, :Th], A1[:, :, 1:], out=R5[3])
+            # tile columns, on the flat rows: e0 = E[j], e1 = Od[j], e2 = E[j+1], e3 = Od[j+1]
+            E, Od = R[:, 0], R[:, 1]
+            np.subtract(E[:, :L], E[:, 1:], out=V[:, 0])
+            np.add(Od[:, :L], E[:, 1:], out=V[:, 1])
+            np.subtract(E[:, 1:], Od[:, :L], out=V[:, 2])
+            np.subtract(Od[:, :L], Od[:, 1:], out=V[:, 3])
+            for i, (c0, c1, u) in enumerate(chunks):
+                np.matmul(u, Vm[:, c0:c1], out=M)
+                if Mi is not None:
+                    if i == 0:
+                        np.copyto(Mi, M, casting="unsafe")
+                    else:
+                        np.add(Mi, M, out=Mi, **i32)
+            m4 = (M if Mi is None else Mi).reshape(4, 4, O, Tq)
+            np.add(m4[1], m4[2], out=S[0], **i32)
+            np.add(S[0], m4[0], out=S[0], **i32)
+            np.subtract(m4[1], m4[2], out=S[1], **i32)
+            np.subtract(S[1], m4[3], out=S[1], **i32)
+            o = acc[n].reshape(O, Th, 2, Tw, 2).transpose(2, 4, 0, 1, 3)   # [a, b, O, Th, Tw]
+            np.add(Sv[:, 1], Sv[:, 2], out=o[:, 0])
+            np.add(o[:, 0], Sv[:, 0], out=o[:, 0])
+            np.subtract(Sv[:, 1], Sv[:, 2], out=o[:, 1])
+            np.subtract(o[:, 1], Sv[:, 3], out=o[:, 1])
+        np.right_shift(acc, 2, out=acc)                       # exact: acc holds 4 * y
+        return acc[:, :, :OH, :OW]
 
 
 class ConvPlan:
@@ -288,15 +398,26 @@ class ConvPlan:
                      else np.asarray(bias).astype(np.int64).reshape(O))
         self.bias_max = int(np.abs(self.bias).max()) if O else 0
         self.depthwise = Cg == 1
+        self.row_abs_max = int(np.abs(w64).reshape(O, -1).sum(axis=1).max()) if w64.size else 0
         if self.depthwise:
             self.w64 = w64
-            self.row_abs_max = int(np.abs(w64).reshape(O, -1).sum(axis=1).max()) if w64.size else 0
             self.wmax = int(np.abs(w64).max()) if w64.size else 0
-        else:
-            wm = w64.transpose(0, 2, 3, 1).reshape(g, O // g, KH * KW * Cg)   # K = (kh, kw, c)
-            self.weights = _Weights(wm, right=False)
-            self.row_abs_max = self.weights.S
+        self._w = w                          # the weights themselves (no copy), for lazy builds
+        self._weights: _Weights | None = None
+        self._wino_ok = (not self.depthwise and g == 1 and (KH, KW) == (3, 3)
+                         and self.stride == (1, 1) and self.dilation == (1, 1))
+        self._wino: _Winograd | None = None
         self._tmp: dict = {}
+
+    @property
+    def weights(self) -> "_Weights":
+        """The GEMM weights [g, O/g, KH*KW*Cg], K in (kh, kw, c) order (built on first use)."""
+        if self._weights is None:
+            O, Cg, KH, KW = self.shape
+            wm = self._w.astype(np.int64).transpose(0, 2, 3, 1).reshape(
+                self.groups, O // self.groups, KH * KW * Cg)
+            self._weights = _Weights(wm, right=False)
+        return self._weights
 
     # ---------------------------------------------------------------- geometry
     def out_size(self, H: int, W: int) -> tuple[int, int]:
@@ -332,6 +453,14 @@ class ConvPlan:
             acc = _depthwise(x, self.w64, self.pads, self.pad_value, c, mx, self.wmax,
                              self.stride, self.dilation, OH, OW, O // C)
             return AccParts(acc, extra, acc_bound, bound)
+        if self._wino_ok and ((OH + 1) // 2) * ((OW + 1) // 2) >= _WINO_MIN_TILES:
+            if self._wino is None:
+                self._wino = _Winograd(self._w.astype(np.int64))
+            chunks = self._wino.engine(key)
+            if chunks is not None:
+                fill = self.pad_value - c if has_pad else 0
+                acc = self._wino.run(x, chunks, c, fill, self.pads, OH, OW)
+                return AccParts(acc, extra, acc_bound, bound)
         return AccParts(self._dense(x, c, key, OH, OW), extra, acc_bound, bound)
 
     def _dense(self, x, c, key, OH, OW) -> np.ndarray:
@@ -344,7 +473,7 @@ class ConvPlan:
         dh, dw = self.dilation
         eng = self.weights.engine(key)
         dtype = eng.dtype
-        fill = self.pad_value - c
+        fill = self.pad_value - c if any(self.pads) else 0    # |fill| <= mx: junk stays small
         # taps: phase (a, b) and offset (ri, rj) inside it
         taps = []
         for i in range(KH):
@@ -578,14 +707,15 @@ def maxpool(x, kernel, stride, pad_lrtb=(0, 0, 0, 0), dilation=1) -> np.ndarray:
     xp = np.full((N, C, H + pt + pb, W + pl + pr), low, dtype=x.dtype)
     xp[:, :, pt:pt + H, pl:pl + W] = x
     if kh * kw <= 25:
+        # separable: max over the kernel columns (every padded row used), then over its rows
+        rows = xp[:, :, :sh * (OH - 1) + dh * (kh - 1) + 1]
+        r = None
+        for j in range(kw):
+            sl = rows[:, :, :, j * dw:j * dw + sw * (OW - 1) + 1:sw]
+            r = sl.copy() if r is None else np.maximum(r, sl, out=r)
         out = None
         for i in range(kh):
-            for j in range(kw):
-                h0, w0 = i * dh, j * dw
-                sl = xp[:, :, h0:h0 + sh * (OH - 1) + 1:sh, w0:w0 + sw * (OW - 1) + 1:sw]
-                if out is None:
-                    out = sl.copy()
-                else:
-                    np.maximum(out, sl, out=out)
+            sl = r[:, :, i * dh:i * dh + sh * (OH - 1) + 1:sh]
+            out = sl.copy() if out is None else np.maximum(out, sl, out=out)
         return out
     return _window_view(xp, (kh, kw), (sh, sw), (dh, dw), OH, OW).max(axis=(4, 5))

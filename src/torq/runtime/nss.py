@@ -224,13 +224,18 @@ def _with_acc(parts_fn, a, rtype, ys):
 
 def _cached_plan(make):
     """plan(w, sb): ``make(w, sb)`` built once and reused while the weight and scale_bias operands
-    are the same arrays (they are program constants, so normally for the program's lifetime)."""
+    are the same arrays (program constants: the program's lifetime) or hold the same values
+    (weights computed at run time from constants)."""
     cache = {}
 
+    def same(a, b):
+        return a is b or (b is not None and a.shape == b.shape and a.dtype == b.dtype
+                          and np.array_equal(a, b))
+
     def plan(w, sb):
-        if cache.get("w") is not w or cache.get("sb") is not sb:
-            cache.clear()
-            cache.update(w=w, sb=sb, plan=make(w, sb))
+        if not (same(w, cache.get("w")) and same(sb, cache.get("sb"))):
+            cache.update(plan=make(w, sb))
+        cache.update(w=w, sb=sb)
         return cache["plan"]
     return plan
 
