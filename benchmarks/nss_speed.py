@@ -85,6 +85,35 @@ def cpu_summary() -> str:
     return f"CPU {model}; " + " ".join(f"{k}{'+' if k in flags else '-'}" for k in keys)
 
 
+def blas_summary() -> str:
+    """numpy's BLAS and the kernel family OpenBLAS runs (OPENBLAS_CORETYPE, read when numpy is
+    imported, overrides its CPU detection: "Haswell" means AVX2 kernels even on an AVX-512 CPU,
+    about 1.7x slower SGEMM than "SkylakeX" there). Best effort: "?" where it cannot be found."""
+    import ctypes
+    try:
+        name = np.show_config(mode="dicts")["Build Dependencies"]["blas"].get("name", "?")
+    except Exception:
+        name = "?"
+    core = "?"
+    try:
+        libs = {ln.split()[-1] for ln in Path("/proc/self/maps").read_text().splitlines()
+                if "openblas" in ln.rsplit("/", 1)[-1] and ".so" in ln}
+        for lib in libs:
+            dll = ctypes.CDLL(lib)
+            for sym in ("scipy_openblas_get_corename64_", "scipy_openblas_get_corename", "openblas_get_corename64_",
+                        "openblas_get_corename"):
+                fn = getattr(dll, sym, None)
+                if fn is not None:
+                    fn.restype = ctypes.c_char_p
+                    core = fn().decode()
+                    break
+    except Exception:
+        pass
+    return (f"numpy BLAS {name}, run-time kernels {core} (OPENBLAS_CORETYPE="
+            f"{os.environ.get('OPENBLAS_CORETYPE', 'unset')}), OPENBLAS_NUM_THREADS="
+            f"{os.environ.get('OPENBLAS_NUM_THREADS', 'unset (all cores)')}")
+
+
 def timed_calls(fn, min_time: float) -> float:
     """Median seconds per call over >= 1 call and >= min_time seconds."""
     times = []
@@ -139,8 +168,8 @@ def main(argv=None) -> int:
           f"{qname}, {args.num_calib} calibration samples")
     print(f"ORT {ort.__version__}, intra_op={args.threads}, inter_op=1, ENABLE_ALL; numpy {np.__version__}; "
           f"{os.cpu_count()} CPUs; {args.rounds} interleaved rounds")
-    print(cpu_summary() + f"; NSS numpy BLAS threads: OPENBLAS_NUM_THREADS="
-          f"{os.environ.get('OPENBLAS_NUM_THREADS', 'unset (all cores)')}")
+    print(cpu_summary())
+    print("NSS: " + blas_summary())
 
     with tempfile.TemporaryDirectory(prefix="torq-nss-speed-") as tmp, Progress(
             TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),

@@ -231,11 +231,15 @@ def _assert_exact_bounds(plan):
                 for k0, k1, m in eng.chunks:
                     assert key * np.abs(m.astype(np.int64)).sum(axis=-1).max() <= 2 ** 24 - 1
     if plan._wino is not None:
-        for key, chunks in plan._wino._plans.items():
-            if chunks is not None:
+        for key, eng in plan._wino._plans.items():
+            if eng is not None:
                 assert 4 * key * plan._wino.tot < 2 ** 31
-                for c0, c1, u in chunks:
+                for c0, c1, u in eng.chunks:
                     assert 4 * key * np.abs(u.astype(np.int64)).sum(axis=-1).max() <= 2 ** 24 - 1
+                if eng.stage1_f32:
+                    a = np.abs(plan._wino.U.astype(np.int64)).sum(axis=2).reshape(4, 4, -1)
+                    s1 = np.maximum(a[:3].sum(axis=0), a[1:].sum(axis=0)).max()
+                    assert len(eng.chunks) == 1 and 4 * key * s1 <= 2 ** 24 - 1
 
 
 def _check_plan(x, w, b, pads, pv, s, d, g):
@@ -305,6 +309,7 @@ def test_conv_plan_equals_int64_reference(geo, xdt, wkind, seed):
     (1, 4, 3, 5, 5, 3, 1, 1, (1, 1, 1, 1), 1, "i32", "i16big"),      # int64 engine
     (2, 24, 10, 13, 12, 3, 1, 1, (1, 0, 2, 1), 1, "u8", "i8"),       # Winograd, odd sizes
     (1, 512, 8, 6, 7, 3, 1, 1, (1, 1, 1, 1), 1, "i8", "i8"),         # Winograd, chunked
+    (1, 64, 8, 9, 9, 3, 1, 1, (1, 1, 1, 1), 1, "i8", "i8"),          # Winograd, int32 stage 1
     (1, 16, 8, 12, 12, 3, 1, 1, (0, 0, 0, 0), 1, "i8", "i8"),        # Winograd, no padding
     (1, 16, 8, 12, 12, 3, 1, 1, (1, 1, 1, 1), 1, "i16", "i8"),       # i16 input: direct fallback
 ])
@@ -337,10 +342,12 @@ def test_conv_plan_paths(case):
         with _kernel_knobs(_WINO_MIN_TILES=1):
             plan = kernels.ConvPlan(w, b, pads, pv, s, d, g)
             np.testing.assert_array_equal(plan(x), conv_ref(x, w, b, pads, pv, (s, s), (d, d), g))
-            (chunks,) = plan._wino._plans.values()
+            (eng,) = plan._wino._plans.values()
             if xk in ("i8", "u8") and wk in ("i8", "sparse"):      # else it may fall back
-                assert chunks is not None
-                assert (len(chunks) > 1) == (C == 512 and wk == "i8")
+                assert eng is not None
+                assert (len(eng.chunks) > 1) == (C == 512 and wk == "i8")
+                if wk == "i8" and C in (24, 64):     # both first-stage variants are covered
+                    assert eng.stage1_f32 == (C == 24)
 
 
 @settings(max_examples=300, **SETTINGS)

@@ -85,7 +85,7 @@ class AccParts(NamedTuple):
     """An exact integer accumulator in two parts: ``acc + extra`` (extra broadcast along the
     channel axis) is the true accumulator, bias included.
 
-    acc        integer-valued array (float32, float64 or int64; possibly a strided view)
+    acc        integer-valued array (float32, float64, int32 or int64; possibly a strided view)
     extra      int64 [O]
     acc_bound  Python int >= max |acc|
     bound      Python int >= max |acc + extra|
@@ -206,7 +206,7 @@ class _Weights:
         return _Engine(dtype, chunks)
 
 
-def _gemm(eng: _Engine, cols: np.ndarray, out: np.ndarray, tmp_pool: dict):
+def _gemm(eng: _Engine, cols: np.ndarray, out: np.ndarray):
     """out[g, Og, L] = Σ_chunks W_chunk @ cols[g, k0:k1, L], exact. ``out`` has the dtype
     ``_acc_dtype(eng)`` (float32 for one float32 chunk, float64 for several)."""
     chunks = eng.chunks
@@ -218,9 +218,7 @@ def _gemm(eng: _Engine, cols: np.ndarray, out: np.ndarray, tmp_pool: dict):
         else:
             np.matmul(wmat, cols, out=out)
         return
-    tmp = tmp_pool.get(out.shape)
-    if tmp is None:
-        tmp = tmp_pool[out.shape] = np.empty(out.shape, dtype=eng.dtype)
+    tmp = np.empty(out.shape, dtype=eng.dtype)
     for i, (k0, k1, wmat) in enumerate(chunks):
         dst = out if (eng.dtype == out.dtype and i == 0) else tmp
         if g == 1:
@@ -280,6 +278,11 @@ def _phase(xn, a, b, sh, sw, pt, pl, rows, cols_, fill, c, dtype, out=None) -> n
 _WG = np.array([[2, 0, 0], [1, 1, 1], [1, -1, 1], [0, 0, 2]], dtype=np.int64)
 
 
+class _WinoEngine(NamedTuple):
+    chunks: list            # [(c0, c1, U chunk float32 [16, O, c1 - c0])]
+    stage1_f32: bool        # first output-transform stage exact in float32
+
+
 class _Winograd:
     """A 3x3 / stride 1 / dilation 1 / single-group convolution in the Winograd domain."""
 
@@ -291,26 +294,33 @@ class _Winograd:
         self.S = int(absu.sum(axis=2).max()) if U.size else 0           # max Σ_c |U|
         self.tot = int(absu.sum(axis=(0, 2)).max()) if U.size else 0    # max_o Σ_{xi,nu,c} |U|
         self.umax = int(absu.max()) if U.size else 0
+        # bound of the first output-transform stage (M0 + M1 + M2 or M1 - M2 - M3 over xi)
+        a3 = absu.sum(axis=2).reshape(4, 4, O)
+        self.S1 = int(np.maximum(a3[:3].sum(axis=0), a3[1:].sum(axis=0)).max()) if U.size else 0
         self.U = U.astype(np.int16 if self.umax < (1 << 15) else np.int64)
-        self._plans: dict[int, list | None] = {}
+        self._plans: dict[int, _WinoEngine | None] = {}
 
-    def engine(self, key: int):
-        """[(c0, c1, U chunk float32 [16, O, c1 - c0])] for inputs |x'| <= key, or None."""
+    def engine(self, key: int) -> "_WinoEngine | None":
+        """Chunks [(c0, c1, U chunk float32 [16, O, c1 - c0])] for inputs |x'| <= key (and whether
+        the first output stage is exact in float32), or None if the bounds do not hold."""
         if key not in self._plans:
             vkey = 4 * key
-            chunks = None
+            eng = None
             if vkey * self.tot < (1 << 31):
                 total = vkey * self.S
                 bounds = [(0, self.C)] if total <= _F24 else _greedy_chunks(
                     self.U.reshape(-1, self.C), vkey, self.umax, total)
                 if bounds is not None:
-                    chunks = [(c0, c1, np.ascontiguousarray(self.U[:, :, c0:c1], dtype=np.float32))
-                              for c0, c1 in bounds]
-            self._plans[key] = chunks
+                    eng = _WinoEngine(
+                        [(c0, c1, np.ascontiguousarray(self.U[:, :, c0:c1], dtype=np.float32))
+                         for c0, c1 in bounds],
+                        len(bounds) == 1 and vkey * self.S1 <= _F24)
+            self._plans[key] = eng
         return self._plans[key]
 
-    def run(self, x, chunks, c, fill, pads, OH, OW) -> np.ndarray:
+    def run(self, x, eng: "_WinoEngine", c, fill, pads, OH, OW) -> np.ndarray:
         """Accumulator without bias, int32 [N, O, OH, OW] (a view)."""
+        chunks = eng.chunks
         N, C, H, W = x.shape
         O = self.O
         pl, pr, pt, pb = pads
@@ -327,10 +337,12 @@ class _Winograd:
         Vm = V.reshape(16, C, Tq)
         M = np.empty((16, O, Tq), dtype=f32)
         Mi = np.empty((16, O, Tq), dtype=np.int32) if len(chunks) > 1 else None
-        S = np.empty((2, 4, O, Tq), dtype=np.int32)
-        Sv = S.reshape(2, 4, O, Th, Tw1)[..., :Tw]
+        S = np.empty((2, 4, O, Tq), dtype=f32 if eng.stage1_f32 else np.int32)
+        Y = np.empty((2, 2, O, Tq), dtype=np.int32)
+        Yv = Y.reshape(2, 2, O, Th, Tw1)[..., :Tw]
         acc = np.empty((N, O, 2 * Th, 2 * Tw), dtype=np.int32)
         i32 = dict(dtype=np.int32, casting="unsafe")
+        s1 = {} if eng.stage1_f32 else i32
         for n in range(N):
             for a in (0, 1):
                 for b in (0, 1):
@@ -354,17 +366,18 @@ class _Winograd:
                         np.copyto(Mi, M, casting="unsafe")
                     else:
                         np.add(Mi, M, out=Mi, **i32)
+            # output transform: over xi (float32 when exact, else int32), then over nu (int32)
             m4 = (M if Mi is None else Mi).reshape(4, 4, O, Tq)
-            np.add(m4[1], m4[2], out=S[0], **i32)
-            np.add(S[0], m4[0], out=S[0], **i32)
-            np.subtract(m4[1], m4[2], out=S[1], **i32)
-            np.subtract(S[1], m4[3], out=S[1], **i32)
-            o = acc[n].reshape(O, Th, 2, Tw, 2).transpose(2, 4, 0, 1, 3)   # [a, b, O, Th, Tw]
-            np.add(Sv[:, 1], Sv[:, 2], out=o[:, 0])
-            np.add(o[:, 0], Sv[:, 0], out=o[:, 0])
-            np.subtract(Sv[:, 1], Sv[:, 2], out=o[:, 1])
-            np.subtract(o[:, 1], Sv[:, 3], out=o[:, 1])
-        np.right_shift(acc, 2, out=acc)                       # exact: acc holds 4 * y
+            np.add(m4[1], m4[2], out=S[0], **s1)
+            np.add(S[0], m4[0], out=S[0], **s1)
+            np.subtract(m4[1], m4[2], out=S[1], **s1)
+            np.subtract(S[1], m4[3], out=S[1], **s1)
+            np.add(S[:, 1], S[:, 2], out=Y[:, 0], **i32)
+            np.add(Y[:, 0], S[:, 0], out=Y[:, 0], **i32)
+            np.subtract(S[:, 1], S[:, 2], out=Y[:, 1], **i32)
+            np.subtract(Y[:, 1], S[:, 3], out=Y[:, 1], **i32)
+            # interleave the 2x2 tiles and divide by 4 (exact: Y holds 4 * y)
+            np.right_shift(Yv, 2, out=acc[n].reshape(O, Th, 2, Tw, 2).transpose(2, 4, 0, 1, 3))
         return acc[:, :, :OH, :OW]
 
 
@@ -407,7 +420,6 @@ class ConvPlan:
         self._wino_ok = (not self.depthwise and g == 1 and (KH, KW) == (3, 3)
                          and self.stride == (1, 1) and self.dilation == (1, 1))
         self._wino: _Winograd | None = None
-        self._tmp: dict = {}
 
     @property
     def weights(self) -> "_Weights":
@@ -456,10 +468,10 @@ class ConvPlan:
         if self._wino_ok and ((OH + 1) // 2) * ((OW + 1) // 2) >= _WINO_MIN_TILES:
             if self._wino is None:
                 self._wino = _Winograd(self._w.astype(np.int64))
-            chunks = self._wino.engine(key)
-            if chunks is not None:
+            weng = self._wino.engine(key)
+            if weng is not None:
                 fill = self.pad_value - c if has_pad else 0
-                acc = self._wino.run(x, chunks, c, fill, self.pads, OH, OW)
+                acc = self._wino.run(x, weng, c, fill, self.pads, OH, OW)
                 return AccParts(acc, extra, acc_bound, bound)
         return AccParts(self._dense(x, c, key, OH, OW), extra, acc_bound, bound)
 
@@ -518,7 +530,7 @@ class ConvPlan:
                             colbuf[:, t].reshape(g, Cg, r1 - r0, OW)[...] = \
                                 src[:, :, ri + r0:ri + r1, rj:rj + OW]
                     cols = colbuf.reshape(g, K, Lb)
-                _gemm(eng, cols, out_n[:, :, r0 * width:r1 * width], self._tmp)
+                _gemm(eng, cols, out_n[:, :, r0 * width:r1 * width])
         acc = acc.reshape(N, O, OH, width)
         return acc[..., :OW] if width != OW else acc
 
