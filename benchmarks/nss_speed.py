@@ -16,7 +16,7 @@ Prints: quantization and compile times, which kernels each ORT int8 session real
 numeric sanity check (NSS `ort` rounding must be bit-exact with the qdqisint8 session), the median
 latency of each variant, its ratio to ORT fp32 (median of same-round ratios), and peak RSS.
 If NSS native is slower than 2x ORT fp32 (or with --profile) one NSS run is profiled with
-cProfile and the top functions by cumulative time are printed.
+cProfile and the top functions by cumulative time are printed; --steps times every NSS step.
 """
 from __future__ import annotations
 
@@ -146,6 +146,43 @@ def profile_nss(program, x, top: int) -> str:
     return "\n".join([total, *(short(ln) for ln in lines[start:] if ln.strip())])
 
 
+def step_times(program, x, reps: int) -> str:
+    """Median time of every NSS step (native rounding) over ``reps`` whole-program runs: totals
+    per op kind, then the slowest steps with their operand shapes."""
+    per_step: list[list[float]] = [[] for _ in program.steps]
+    shapes: list[str] = [""] * len(program.steps)
+    saved = [st.fn for st in program.steps]
+
+    def timed(i, fn):
+        def run(args, rounding):
+            t0 = time.perf_counter()
+            out = fn(args, rounding)
+            per_step[i].append(time.perf_counter() - t0)
+            shapes[i] = " ".join("x".join(map(str, np.shape(a))) for a in args)
+            return out
+        return run
+    try:
+        for i, st in enumerate(program.steps):
+            st.fn = timed(i, st.fn)
+        for _ in range(reps):
+            program.run([x], "native")
+    finally:
+        for st, fn in zip(program.steps, saved):
+            st.fn = fn
+    med = [statistics.median(t) * 1e3 for t in per_step]
+    total = sum(med)
+    kinds: dict[str, list[float]] = {}
+    for st, m in zip(program.steps, med):
+        kinds.setdefault(st.name, []).append(m)
+    lines = [f"sum of step medians {total:.1f} ms; per op kind:"]
+    for name, ms in sorted(kinds.items(), key=lambda kv: -sum(kv[1])):
+        lines.append(f"  {name:28s}{len(ms):4d} steps {sum(ms):8.2f} ms {100 * sum(ms) / total:5.1f} %")
+    lines.append("slowest steps (operand shapes):")
+    for i in sorted(range(len(med)), key=lambda i: -med[i])[:12]:
+        lines.append(f"  #{i:<3d} {program.steps[i].name:24s}{med[i]:7.2f} ms  {shapes[i]}")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--per-channel", action="store_true", help="per-channel weight quantization")
@@ -159,6 +196,8 @@ def main(argv=None) -> int:
     prof.add_argument("--profile", action="store_true", help="always cProfile one NSS native run")
     prof.add_argument("--no-profile", action="store_true", help="never profile")
     ap.add_argument("--top", type=int, default=10, help="profile lines to print (default 10)")
+    ap.add_argument("--steps", action="store_true",
+                    help="also time every NSS step (native) and print totals per op kind and the slowest steps")
     args = ap.parse_args(argv)
     if args.rounds < 1 or args.threads < 1:
         ap.error("--rounds and --threads must be >= 1")
@@ -231,6 +270,10 @@ def main(argv=None) -> int:
         if args.profile or (not args.no_profile and nss_ratio > 2.0):
             bar.add_task("cProfile one NSS native run", total=None)
             profile = profile_nss(program, xq, args.top)
+        steps = None
+        if args.steps:
+            bar.add_task("time NSS steps", total=None)
+            steps = step_times(program, xq, reps=11)
 
     tm = compiled.timings
     print()
@@ -261,6 +304,10 @@ def main(argv=None) -> int:
         print()
         print(f"cProfile of one NSS native run ({why}), top {args.top} by cumulative time:")
         print(profile)
+    if steps is not None:
+        print()
+        print("NSS native, per step (median of 11 runs):")
+        print(steps)
     return 0
 
 
