@@ -79,26 +79,13 @@ class QAvgPool:
         xin, pad, padv = strip_pad(pool.operands[0])
         if padv is not None and pad_constant(ctx, padv) != 0.0:
             return ctx.fail(pool, "AveragePool padding is not zero")
-        dq = ctx.dequant(xin)
-        if dq is None:
-            return ctx.fail(pool, "AveragePool input is not dequantized from an integer tensor")
-        x, xs, xz = dq
-        if np.ndim(root.q.scale) or root.q.out_dtype is not np.int8:
-            return ctx.fail(pool, "output quantization is not per-tensor int8")
-        return (pool, x, float(scalar(xs, "input scale")), int(scalar(xz, "input zero point")), pad, kernel)
+        return _averaging(ctx, root, pool, xin, "AveragePool", pad, kernel)
 
     def _reduce_mean(self, ctx, root, red, count):
-        x_f = red.operands[0]
-        kernel = list(L.shape_of(x_f)[2:])
+        kernel = list(L.shape_of(red.operands[0])[2:])
         if count.size != 1 or count[0] != kernel[0] * kernel[1]:
             return ctx.fail(red, "ReduceMean divisor is not H·W")
-        dq = ctx.dequant(x_f)
-        if dq is None:
-            return ctx.fail(red, "ReduceMean input is not dequantized from an integer tensor")
-        x, xs, xz = dq
-        if np.ndim(root.q.scale) or root.q.out_dtype is not np.int8:
-            return ctx.fail(red, "output quantization is not per-tensor int8")
-        return (red, x, float(scalar(xs, "input scale")), int(scalar(xz, "input zero point")), [0, 0, 0, 0], kernel)
+        return _averaging(ctx, root, red, red.operands[0], "ReduceMean", [0, 0, 0, 0], kernel)
 
     def rewrite(self, ctx: Ctx, root: Root, m):
         pool, x, xs, xz, pad, kernel = m
@@ -111,6 +98,17 @@ class QAvgPool:
                      stride=stride, pad=pad, count_include_pad=1,
                      ort_input_scale=[xs], ort_output_scale=[ys], ort_zp_shift=ctx.ort_zp_shift)
         return emit("avg_pool2d", root, [x], attrs, pool)
+
+
+def _averaging(ctx: Ctx, root: Root, op, x_f, what: str, pad, kernel):
+    """Match of an average over windows of DQ(x): (op, x, xs, xz, pad, kernel)."""
+    dq = ctx.dequant(x_f)
+    if dq is None:
+        return ctx.fail(op, f"{what} input is not dequantized from an integer tensor")
+    x, xs, xz = dq
+    if np.ndim(root.q.scale) or root.q.out_dtype is not np.int8:
+        return ctx.fail(op, "output quantization is not per-tensor int8")
+    return (op, x, float(scalar(xs, "input scale")), int(scalar(xz, "input zero point")), pad, kernel)
 
 
 def _is_hw_sum(op) -> bool:
