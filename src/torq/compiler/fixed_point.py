@@ -538,6 +538,11 @@ def add_native(a, b, sa, za, sb, zb, sc, zc, qmin, qmax) -> np.ndarray:
         q = clamp(((t + ((1<<s)>>1)) >> s) + zC, qmin, qmax)
     """
     mA, mB, shift = add_multipliers(sa, sb, sc)
+    return add_native_mults(a, b, za, zb, mA, mB, shift, zc, qmin, qmax)
+
+
+def add_native_mults(a, b, za, zb, mA, mB, shift, zc, qmin, qmax) -> np.ndarray:
+    """add_native with the multipliers and shift the compiler stored on the op."""
     a64 = np.asarray(a).astype(np.int64) - int(za)
     b64 = np.asarray(b).astype(np.int64) - int(zb)
     t = a64 * mA + b64 * mB
@@ -560,9 +565,8 @@ def avgpool_native(sum_minus_zp, counts, xs, ys, zy, qmin, qmax) -> np.ndarray:
     """
     acc = np.asarray(sum_minus_zp).astype(np.int64, copy=False)
     cnt = np.asarray(counts, dtype=np.int64)
-    x64, y64 = float(_F32(xs)), float(_F32(ys))
     uniq, inv = np.unique(cnt.reshape(-1), return_inverse=True)
-    ms = [multiplier_and_shift(x64 / (y64 * float(c))) for c in uniq]
+    ms = [avgpool_multiplier(xs, ys, int(c)) for c in uniq]
     if len(ms) == 1 and cnt.ndim == 0:
         return act_native(acc, ms[0][0], ms[0][1], zy, qmin, qmax)
     shape = (1,) * (acc.ndim - cnt.ndim) + cnt.shape
@@ -875,3 +879,18 @@ def mul_native(a, b, za, zb, mult, shift, zc, qmin, qmax) -> np.ndarray:
     """NPU Mul: ``clamp(NTP((a - za)(b - zb) * mult >> shift) + zc)`` (exact int64)."""
     p = (np.asarray(a).astype(np.int64) - int(za)) * (np.asarray(b).astype(np.int64) - int(zb))
     return act_native(p, mult, shift, zc, qmin, qmax)
+
+
+def avgpool_multiplier(xs, ys, count: int) -> tuple[int, int]:
+    """Native average-pool rescale for one window size: ``multiplier_and_shift(xs / (ys * count))``."""
+    return multiplier_and_shift(float(_F32(xs)) / (float(_F32(ys)) * int(count)))
+
+
+def bf16_affine(x, factor, bias) -> np.ndarray:
+    """The NPU's bf16 ``mul`` of the Q/DQ fallback: ``bf16(bf16(x * factor) + bias)``."""
+    return to_bf16(to_bf16(np.asarray(x, _F32) * _F32(factor)) + _F32(bias))
+
+
+def float_to_int(x) -> np.ndarray:
+    """``act f2i``: float (bf16 or f32) to integer, round half to even."""
+    return np.rint(np.asarray(x)).astype(np.int64)

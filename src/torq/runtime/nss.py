@@ -283,9 +283,8 @@ def _add(op, folder, rtype):
     def fn(args, rounding):
         x, y = args
         if rounding == "native":
-            t = (x.astype(np.int64) - za) * ma + (y.astype(np.int64) - zb) * mb
-            out = np.clip(fixed_point.ntp_shift(t, a["shift_factor"]) + a["output_zp"],
-                          a["output_min"], a["output_max"])
+            out = fixed_point.add_native_mults(x, y, za, zb, ma, mb, a["shift_factor"], a["output_zp"],
+                                               a["output_min"], a["output_max"])
         else:   # in ORT's own (possibly uint8) domain: its float constant depends on the zero points
             k = a["ort_zp_shift"]
             out = fixed_point.add_ort(x.astype(np.int64) + k, y.astype(np.int64) + k, sa, za + k, sb_, zb + k, sc,
@@ -363,7 +362,7 @@ def _act(op, folder, rtype):
         if mode == "i2f":
             return x.astype(np.float32)
         if mode == "f2i":
-            return np.rint(x).astype(np.int64)
+            return fixed_point.float_to_int(x)
         raise TorqError(f"torq_hl.act mode {mode!r} is not simulated")
     return fn
 
@@ -378,9 +377,9 @@ def _mul(op, folder, rtype):
     def fn(args, rounding):
         x, factor = args
         if rounding == "native":
-            return fixed_point.to_bf16(fixed_point.to_bf16(x * np.float32(factor.reshape(-1)[0])) + b)
-        if qmode == "quantize":   # ORT QuantizeLinear: RNE(x / s) + zp (true division)
-            return np.rint(np.divide(x, s, dtype=np.float32)) + np.float32(zp)
+            return fixed_point.bf16_affine(x, factor.reshape(-1)[0], b)
+        if qmode == "quantize":   # ORT QuantizeLinear; the clamp comes in the fma that follows
+            return fixed_point.quantize_ort(x, s, zp, -2**31, 2**31 - 1).astype(np.float32)
         return fixed_point.dequantize_ort(x.astype(np.int64), s, zp)
     return fn
 
@@ -418,7 +417,7 @@ def _fma(op, folder, rtype):
     def fn(args, rounding):
         x = args[0]
         if x.dtype.kind == "f":    # bf16/f32 -> int at the end of the Quantize fallback
-            x = np.rint(x).astype(np.int64)
+            x = fixed_point.float_to_int(x)
         shape = (-1,) + (1,) * (x.ndim - 1)
         y = x.astype(np.int64) * (w.reshape(shape) if w.size > 1 else w[0]) + (b.reshape(shape) if b.size > 1 else b[0])
         return np.clip(y, a["output_min"], a["output_max"]).astype(rtype)

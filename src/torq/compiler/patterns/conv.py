@@ -211,7 +211,7 @@ class QConv2D:
     def rewrite(self, ctx: Ctx, root: Root, m: ConvMatch):
         from torch_mlir import ir
         ys = np.float32(root.q.scale)
-        mults, shift = fixed_point.per_channel_multipliers(m.dq_scale.astype(np.float64) / np.float64(ys))
+        mults, shift = fixed_point.per_channel_multipliers(fixed_point.native_conv_scale(m.dq_scale, 1.0, ys))
         ip = ir.InsertionPoint(root.op)
         loc = m.conv.location
         if m.w_value is not None:

@@ -112,7 +112,7 @@ class QFullyConnected:
         ys = np.float32(root.q.scale)
         w_adj = m.w - m.w_zp
         bias = m.bias - m.in_zp * w_adj.sum(axis=1)            # q_bias = q_b - Z_X·Σ q_W (lecture)
-        mults, shift = fixed_point.per_channel_multipliers(m.dq_scale.astype(np.float64) / np.float64(ys))
+        mults, shift = fixed_point.per_channel_multipliers(fixed_point.native_conv_scale(m.dq_scale, 1.0, ys))
         ip = ir.InsertionPoint(root.op)
         loc = m.mm.location
         weights = constant(w_adj, "i16" if m.w_zp != 0 else "i8", loc, ip)

@@ -91,7 +91,7 @@ class QAvgPool:
         pool, x, xs, xz, pad, kernel = m
         ys = float(root.q.scale)
         n = kernel[0] * kernel[1]
-        mult, shift = fixed_point.multiplier_and_shift(np.float64(np.float32(xs)) / (np.float64(np.float32(ys)) * n))
+        mult, shift = fixed_point.avgpool_multiplier(xs, ys, n)
         stride = L.attr_ints(pool, "strides") if "strides" in pool.attributes else [1, 1]
         attrs = dict(input_zp=xz, output_zp=int(root.q.zp), output_min=root.q.lo, output_max=root.q.hi,
                      shift_factor=shift, scale_bias=[-n * xz, mult], kernel=kernel,
