@@ -894,3 +894,11 @@ def bf16_affine(x, factor, bias) -> np.ndarray:
 def float_to_int(x) -> np.ndarray:
     """``act f2i``: float (bf16 or f32) to integer, round half to even."""
     return np.rint(np.asarray(x)).astype(np.int64)
+
+
+def bf16_fallback_constants(scale, zp, quantize: bool) -> tuple[float, float]:
+    """(factor, bias) of the fallback ``mul`` (seed §4.4.2), both bf16-representable:
+    Quantize: x · bf16(1/scale) + zp;  Dequantize: q · bf16(scale) + bf16(-zp·scale)."""
+    if quantize:
+        return float(to_bf16(_F32(1.0 / float(scale)))), float(to_bf16(_F32(zp)))
+    return float(to_bf16(_F32(scale))), float(to_bf16(_F32(-int(zp) * float(scale))))

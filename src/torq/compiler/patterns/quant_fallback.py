@@ -8,7 +8,6 @@ what ONNX Runtime's QuantizeLinear / DequantizeLinear compute.
 """
 from __future__ import annotations
 
-import numpy as np
 
 from .. import fixed_point
 from .. import linalg_view as L
@@ -27,7 +26,7 @@ def _bf16_factor(value: float, loc, ip):
     """A one-element bf16 constant (the fallback mul's second operand)."""
     from torch_mlir import ir
     t = ir.RankedTensorType.get([1], ir.BF16Type.get())
-    attr = ir.DenseElementsAttr.get_splat(t, ir.FloatAttr.get(ir.BF16Type.get(), float(fixed_point.to_bf16(np.float32(value)))))
+    attr = ir.DenseElementsAttr.get_splat(t, ir.FloatAttr.get(ir.BF16Type.get(), float(value)))
     return ir.Operation.create("arith.constant", results=[t], attributes={"value": attr}, loc=loc, ip=ip).results[0]
 
 
@@ -63,7 +62,8 @@ class QuantizeFallback:
         ip, loc = ir.InsertionPoint(root.op), root.op.location
         t_in = root.value.type
         steps = [("act", _retyped(t_in, "bf16"), dict(mode="f2f")),
-                 ("mul", _retyped(t_in, "bf16"), _bf16_mul(1.0 / scale, float(zp), scale, zp, "quantize")),
+                 ("mul", _retyped(t_in, "bf16"), _bf16_mul(*fixed_point.bf16_fallback_constants(scale, zp, True),
+                                                           scale, zp, "quantize")),
                  ("act", _retyped(t_in, "i32"), dict(mode="f2i")),
                  ("fma", root.op.results[0].type, dict(weights=[1], biases=[0], output_min=root.q.lo,
                                                        output_max=root.q.hi))]
@@ -81,7 +81,7 @@ class DequantizeFallback:
         ip, loc = ir.InsertionPoint(op), op.location
         x = g.inputs[d.source_index]
         steps = [("act", _retyped(x.type, "bf16"), dict(mode="i2f")),
-                 ("mul", _retyped(x.type, "bf16"), _bf16_mul(scale, float(fixed_point.to_bf16(np.float32(-zp * scale))),
+                 ("mul", _retyped(x.type, "bf16"), _bf16_mul(*fixed_point.bf16_fallback_constants(scale, zp, False),
                                                              scale, zp, "dequantize")),
                  ("act", op.results[0].type, dict(mode="f2f"))]
         return _seq(steps, x, loc, ip).owner
