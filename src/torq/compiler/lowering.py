@@ -79,8 +79,7 @@ def lower(module, ort_zp_shift: int = 0) -> LoweringReport:
 
 
 def _lower(module, ort_zp_shift) -> LoweringReport:
-    ctx = Ctx(module)
-    ctx.ort_zp_shift = ort_zp_shift
+    ctx = Ctx(module, ort_zp_shift)
     for op in func_ops(module):
         root = ctx.quant_root(op)
         if root is None:
@@ -115,8 +114,8 @@ def _lower(module, ort_zp_shift) -> LoweringReport:
         if d is not None and L.np_dtype(g.inputs[d.source_index].type) in (np.int8, np.uint8):
             try:
                 _replace(op, DequantizeFallback().rewrite(ctx, g))
-            except ValueError:
-                pass
+            except ValueError as e:     # e.g. a per-channel dequantize feeding an unlowered op
+                ctx.fail(op, f"standalone DequantizeLinear: {e}")
     dce(module)
     return report(module, ctx)
 

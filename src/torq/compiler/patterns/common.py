@@ -35,11 +35,11 @@ class Root:
 class Ctx:
     """Per-module lowering state: constant folder, generic cache, failure reasons."""
 
-    def __init__(self, module):
+    def __init__(self, module, ort_zp_shift: int = 0):
         self.module = module
         self.folder = L.Folder()
         self.reasons: dict = {}   # id(compute op) -> (op, reason)
-        self.ort_zp_shift = 0     # see graph/signedness.py
+        self.ort_zp_shift = ort_zp_shift   # 128 when uint8 activations were shifted (graph/signedness.py)
 
     def generic(self, op):
         return L.Generic(op, self.folder) if op is not None and op.name == "linalg.generic" else None
