@@ -104,7 +104,14 @@ def parse(text: str, ctx=None, filename: str = "model.torch_onnx.mlir"):
             try:
                 return ir.Module.parseFile(path)
             except Exception as e:  # noqa: BLE001
-                raise TorqError(f"cannot parse MLIR: {str(e).splitlines()[0]}") from None
+                raise TorqError(f"cannot parse MLIR: {_first_error(e)}") from None
+
+
+def _first_error(e: Exception) -> str:
+    """The first 'error:' diagnostic of an MLIR exception, without the temp-file path."""
+    lines = str(e).splitlines()
+    line = next((ln for ln in lines if "error:" in ln), lines[0] if lines else "?")
+    return re.sub(r'^\s*error:\s*"[^"]*":', "line ", line.strip())
 
 
 def run_pipeline(module, pipeline: str, what: str) -> None:
@@ -114,8 +121,7 @@ def run_pipeline(module, pipeline: str, what: str) -> None:
         try:
             PassManager.parse(pipeline).run(module.operation)
         except Exception as e:  # noqa: BLE001
-            lines = [ln for ln in str(e).splitlines() if "error" in ln] or str(e).splitlines() or ["?"]
-            raise TorqError(f"{what} failed: {lines[0].strip()}") from None
+            raise TorqError(f"{what} failed: {_first_error(e)}") from None
 
 
 def lower_to_linalg(imported: ImportedModel, ctx=None, dump=None):
