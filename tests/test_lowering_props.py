@@ -200,3 +200,24 @@ def test_float_io_uses_the_quantize_dequantize_fallback(fmt):
     s_y, z_y = float(inits[dq.input[1]]), int(inits[dq.input[2]])
     bound = 3 * 2.0 ** -8 * s_y * (128 + abs(z_y)) + 2 * s_y   # + 1 LSB from the bf16 input Q
     assert np.max(np.abs(nat - ref)) <= bound, (np.max(np.abs(nat - ref)), bound)
+
+
+@SETTINGS
+@given(st.data(), ACTS, st.sampled_from(["Relu", "Clip", None]))
+def test_unfused_sum_and_clamp(data, act, clamp):
+    """A legacy Sum (ORT quantizes no Sum: DQ, DQ -> float Sum -> [Relu/Clip] -> Q, run unfused in
+    float by ORT): the clamp folds into the output range, and `ort` rounding follows ORT's float path."""
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**16)))
+    c, h, w = data.draw(st.integers(1, 5)), data.draw(st.integers(1, 6)), data.draw(st.integers(1, 6))
+    nodes = [helper.make_node("Sum", ["a", "b"], ["s" if clamp else "y"])]
+    inits = {}
+    if clamp == "Relu":
+        nodes.append(helper.make_node("Relu", ["s"], ["y"]))
+    elif clamp == "Clip":
+        inits = {"lo": np.array(-0.25), "hi": np.array(float(rng.uniform(0.3, 1.5)))}
+        nodes.append(helper.make_node("Clip", ["s", "lo", "hi"], ["y"]))
+    m = model(nodes, [("a", [1, c, h, w]), ("b", [1, c, h, w])], ["y"], inits)
+    q = quantize(m, {"a": [1, c, h, w], "b": [1, c, h, w]}, "qdq", False, act, seed=int(rng.integers(1000)),
+                 op_types=["Relu", "Clip", "Conv"] if clamp else ["Sum"], lo=-float(rng.uniform(0.5, 2)),
+                 hi=float(rng.uniform(0.5, 2)))
+    check(q, "add")

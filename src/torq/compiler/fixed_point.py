@@ -902,3 +902,12 @@ def bf16_fallback_constants(scale, zp, quantize: bool) -> tuple[float, float]:
     if quantize:
         return float(to_bf16(_F32(1.0 / float(scale)))), float(to_bf16(_F32(zp)))
     return float(to_bf16(_F32(scale))), float(to_bf16(_F32(-int(zp) * float(scale))))
+
+
+def add_float_ort(a, b, sa, za, sb, zb, sc, zc, qmin, qmax) -> np.ndarray:
+    """Add as ONNX Runtime runs it when it does NOT fuse QLinearAdd (e.g. a legacy Sum, or an
+    unquantized Relu between the Add and its QuantizeLinear): DQ -> float Add -> Q, bit-exact:
+    ``y = QuantizeLinear(fl32(fl32((a - za)·sa) + fl32((b - zb)·sb)), sc, zc)``."""
+    fa = dequantize_ort(np.asarray(a).astype(np.int64), sa, za)
+    fb = dequantize_ort(np.asarray(b).astype(np.int64), sb, zb)
+    return quantize_ort((fa + fb).astype(_F32), sc, zc, qmin, qmax)

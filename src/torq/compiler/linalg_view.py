@@ -510,3 +510,50 @@ def as_scalar_op(g: Generic, opname: str):
     if isinstance(t, Node) and t.op == opname and isinstance(t.args[0], Arg) and not _is_var(t.args[1]):
         return t.args[0].index, t.args[1]
     return None
+
+
+# arith.cmpf predicates (as printed integers): x > c keeps x -> max; x < c keeps x -> min
+_CMP_MAX = {2, 3, 9, 10}     # ogt oge ugt uge
+_CMP_MIN = {4, 5, 11, 12}    # olt ole ult ule
+
+
+def _pred(node: Node) -> int | None:
+    head = node.attr.split("|")[0].strip().split(":")[0].strip()
+    return int(head) if head.lstrip("-").isdigit() else None
+
+
+def as_clamp(g: Generic):
+    """One-input elementwise generic computing min(max(x, lo), hi) in any of torch-mlir's spellings
+    (maximumf/minimumf, or select(cmpf(x, c), x, c) as Relu lowers) -> (lo, hi) floats, else None."""
+    if len(g.var_inputs) != 1 or not g.parallel:
+        return None
+    lo, hi = -np.inf, np.inf
+    t = g.tree()
+    while not isinstance(t, Arg):
+        if not isinstance(t, Node):
+            return None
+        if t.op in ("arith.maximumf", "arith.minimumf", "arith.maxnumf", "arith.minnumf"):
+            x, c = t.args
+            if _is_var(c):
+                x, c = c, x
+            kind = "max" if "max" in t.op else "min"
+        elif t.op == "arith.select" and isinstance(t.args[0], Node) and t.args[0].op == "arith.cmpf":
+            cmp, a, b = t.args
+            p = _pred(cmp)
+            ca, cb = cmp.args
+            if not (_is_var(ca) and not _is_var(cb) and a == ca and not _is_var(b)
+                    and np.array_equal(np.asarray(b), np.asarray(cb))):
+                return None
+            x, c = a, cb
+            kind = "max" if p in _CMP_MAX else "min" if p in _CMP_MIN else None
+        else:
+            return None
+        c = np.asarray(c).ravel()
+        if kind is None or c.size == 0 or not np.all(c == c[0]):
+            return None
+        if kind == "max":
+            lo = max(lo, float(c[0]))
+        else:
+            hi = min(hi, float(c[0]))
+        t = x
+    return lo, hi

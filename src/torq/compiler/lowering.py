@@ -69,17 +69,17 @@ def dce(module) -> None:
                 changed = True
 
 
-def lower(module, ort_zp_shift: int = 0) -> LoweringReport:
+def lower(module, ort_zp_shift: int = 0, onnx_ops: dict | None = None) -> LoweringReport:
     """Rewrite `module` (linalg-on-tensors) in place into torq_hl + data movement.
 
-    ort_zp_shift: 128 when the ONNX model's uint8 activations were shifted to int8 (signedness)."""
+    ort_zp_shift: 128 when the ONNX model's uint8 activations were shifted to int8 (signedness).
+    onnx_ops: "LINE:COL" -> ONNX op type, to know which ONNX Runtime kernel the reference runs."""
     from torch_mlir import ir
     with module.context, ir.Location.unknown():
-        return _lower(module, ort_zp_shift)
+        return _lower(module, Ctx(module, ort_zp_shift, onnx_ops))
 
 
-def _lower(module, ort_zp_shift) -> LoweringReport:
-    ctx = Ctx(module, ort_zp_shift)
+def _lower(module, ctx: Ctx) -> LoweringReport:
     for op in func_ops(module):
         root = ctx.quant_root(op)
         if root is None:

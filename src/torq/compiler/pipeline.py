@@ -97,7 +97,8 @@ def compile(model, debug_ir: str | os.PathLike | None = None, name: str | None =
 
     module = importer.lower_to_linalg(imported, dump=dump)
     t2 = time.perf_counter()
-    report = lowering.lower(module, ort_zp_shift=signedness.UINT8_SHIFT if shifted else 0)
+    report = lowering.lower(module, ort_zp_shift=signedness.UINT8_SHIFT if shifted else 0,
+                            onnx_ops={loc: op for op, loc in imported.operator_locations})
     try:
         module.operation.verify()      # the torq_hl dialect is IRDL-registered: attributes are checked
     except Exception as e:  # noqa: BLE001 - an invalid module is a compiler bug, say where

@@ -47,7 +47,7 @@ OPS: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {
     "add": (("init", "input1", "input2"), {
         "input_zp": I32, "output_zp": I32, "output_min": I32, "output_max": I32, "shift_factor": I32,
         "weights": I64A, "scale_bias": I64A, "input_zps": I64A,
-        "ort_input_scales": F32A, "ort_output_scale": F32A, "ort_zp_shift": I32}),
+        "ort_input_scales": F32A, "ort_output_scale": F32A, "ort_zp_shift": I32, "ort_kernel": STR}),
     "avg_pool2d": (("init", "input"), {
         "input_zp": I32, "output_zp": I32, "output_min": I32, "output_max": I32, "shift_factor": I32,
         "scale_bias": I64A, "kernel": I64A, "stride": I64A, "pad": I64A, "count_include_pad": I32,

@@ -287,8 +287,9 @@ def _add(op, folder, rtype):
                                                a["output_min"], a["output_max"])
         else:   # in ORT's own (possibly uint8) domain: its float constant depends on the zero points
             k = a["ort_zp_shift"]
-            out = fixed_point.add_ort(x.astype(np.int64) + k, y.astype(np.int64) + k, sa, za + k, sb_, zb + k, sc,
-                                      a["output_zp"] + k, a["output_min"] + k, a["output_max"] + k) - k
+            recipe = fixed_point.add_ort if a["ort_kernel"] == "QLinearAdd" else fixed_point.add_float_ort
+            out = recipe(x.astype(np.int64) + k, y.astype(np.int64) + k, sa, za + k, sb_, zb + k, sc,
+                         a["output_zp"] + k, a["output_min"] + k, a["output_max"] + k) - k
         return np.asarray(out).astype(rtype)
 
     def explain(args, ort_out):

@@ -26,17 +26,22 @@ class Fail:
 
 @dataclass
 class Root:
-    """A quantize generic: its op, parameters, and the f32 value it quantizes."""
+    """A quantize generic: its op, parameters, and the f32 value it quantizes.
+
+    Clamps right before the quantize (an unfused Relu / Clip) are folded into q.lo / q.hi:
+    Q is monotone, so Q(min(max(v, lo), hi)) == clamp(Q(v), Q(lo), Q(hi)) exactly."""
     op: object
     q: L.Q
     value: object
+    clamps: tuple = ()          # the folded clamp generics (their ops)
 
 
 class Ctx:
     """Per-module lowering state: constant folder, generic cache, failure reasons."""
 
-    def __init__(self, module, ort_zp_shift: int = 0):
+    def __init__(self, module, ort_zp_shift: int = 0, onnx_ops: dict | None = None):
         self.module = module
+        self.onnx_ops = onnx_ops or {}    # "LINE:COL" -> ONNX op type (from the import)
         self.folder = L.Folder()
         self.reasons: dict = {}   # id(compute op) -> (op, reason)
         self.ort_zp_shift = ort_zp_shift   # 128 when uint8 activations were shifted (graph/signedness.py)
@@ -73,7 +78,24 @@ class Ctx:
         q = L.as_quant(g)
         if q is None:
             return None
-        return Root(op, q, g.inputs[q.source_index])
+        value, clamps = g.inputs[q.source_index], []
+        while True:
+            c = self.generic(L.producer(value))
+            bounds = L.as_clamp(c) if c is not None else None
+            if bounds is None or np.ndim(q.scale) or L.shape_of(c.inputs[c.var_inputs[0]]) != L.shape_of(value):
+                break
+            for bound, is_lo in ((bounds[0], True), (bounds[1], False)):
+                if np.isfinite(bound):
+                    qb = int(g.evaluate({g.var_inputs[0]: np.full((1,) * len(g.out_shape), bound, np.float32)},
+                                        (1,) * len(g.out_shape)).ravel()[0])
+                    q.lo, q.hi = (max(q.lo, qb), q.hi) if is_lo else (q.lo, min(q.hi, qb))
+            clamps.append(c.op)
+            value = c.inputs[c.var_inputs[0]]
+        return Root(op, q, value, tuple(clamps))
+
+    def onnx_op(self, op) -> str:
+        """ONNX op type of the torch.operator an op was lowered from ('' if unknown)."""
+        return self.onnx_ops.get(L.location_key(op), "")
 
     def int_const_of_dequant(self, value):
         """value = [broadcast|collapse](DQ(const int)) -> (int array, scale, zp) or None."""

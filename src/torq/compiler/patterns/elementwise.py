@@ -61,7 +61,10 @@ class QAdd(QBinary):
         attrs = dict(input_zp=0, output_zp=int(root.q.zp), output_min=root.q.lo, output_max=root.q.hi,
                      shift_factor=shift, weights=[ma, mb], scale_bias=[-(za * ma + zb * mb), 1],
                      input_zps=[za, zb], ort_input_scales=[sa, sb], ort_output_scale=[sc],
-                     ort_zp_shift=ctx.ort_zp_shift)
+                     ort_zp_shift=ctx.ort_zp_shift,
+                     # ORT fuses only an ONNX Add straight between DQs and a Q into QLinearAdd
+                     ort_kernel="QLinearAdd" if ctx.onnx_op(op) in ("Add", "QLinearAdd", "") and not root.clamps
+                     else "float")
         return emit("add", root, [a, b], attrs, op)
 
 

@@ -1,6 +1,7 @@
 """Any elementwise function of one int8 tensor becomes a 256-entry lookup table.
 
     Q ∘ f ∘ DQ  (f: a chain of one-input elementwise generics, e.g. Sigmoid) -> torq_hl.table
+    Q ∘ clamp ∘ DQ  (an unfused Relu/Clip, or a requantize)                  -> torq_hl.table
 
 The table is computed by evaluating the module's own linalg generics (DQ, f, Q) on all 256
 int8 inputs, so it holds exactly what the float reference chain computes.
@@ -11,6 +12,11 @@ import numpy as np
 
 from .. import linalg_view as L
 from .common import Ctx, Root, emit, lookup_table
+
+
+def _same_params(dq, root) -> bool:
+    d = L.as_dequant(dq)
+    return np.ndim(d.scale) == 0 and d.scale == root.q.scale and d.zp == root.q.zp
 
 
 def _chain(ctx: Ctx, value):
@@ -37,17 +43,20 @@ class QTable:
 
     def match(self, ctx: Ctx, root: Root):
         found = _chain(ctx, root.value)
-        if found is None or not found[1]:
+        if found is None:
             return None
         dq, fs, x = found
+        fs = fs + [ctx.generic(c) for c in reversed(root.clamps)]   # the clamps folded into Q, in order
+        if not fs and _same_params(dq, root):
+            return None
         if L.np_dtype(x.type) is not np.int8 or root.q.out_dtype is not np.int8 or np.ndim(root.q.scale):
-            return ctx.fail(fs[0].op, "table lookup needs int8 input and output")
+            return ctx.fail((fs[0] if fs else dq).op, "table lookup needs int8 input and output")
         return dq, fs, x
 
     def rewrite(self, ctx: Ctx, root: Root, m):
         dq, fs, x = m
         table = lookup_table(dq, *fs, ctx.generic(root.op))
-        return emit("table", root, [x], dict(table=table), fs[-1].op)
+        return emit("table", root, [x], dict(table=table), (fs[-1] if fs else dq).op)
 
 
 RULES = [QTable()]
