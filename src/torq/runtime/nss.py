@@ -42,7 +42,6 @@ class NssProgram:
         self.slots: dict = {}
         self.consts: dict[int, np.ndarray] = {}
         self.steps: list[Step] = []
-        self.trace = False
         reasons = {(u.op, u.location): u for u in (unsupported_reasons or [])}
         ops = func_ops(module)
         func = [o for o in module.body.operations if o.operation.name == "func.func"][0]
@@ -77,7 +76,6 @@ class NssProgram:
                                    getattr(fn, "explain", None)))
         if bad:
             raise TorqError(str(bad[0]) + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""))
-        self.unsupported = bad
 
     # -- slots
     def _key(self, value):
