@@ -32,7 +32,7 @@ class Step:
     out: int            # slot it writes
     name: str
     location: str
-    explain: object = None  # explain(args, ort_out) -> (native_out, causes) for rescaling ops
+    explain: object = None  # explain(args, ort_out) -> (size, differing, max LSB, causes) for rescaling ops
 
 
 class NssProgram:
