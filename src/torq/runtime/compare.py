@@ -12,7 +12,8 @@ class OutputDiff:
     mode: str
     size: int
     differ: int
-    max_lsb: float
+    max_lsb: float          # integer outputs: LSB; float outputs: absolute difference
+    unit: str = "LSB"
 
     @property
     def exact(self) -> bool:
@@ -24,9 +25,11 @@ def output_diff(name: str, mode: str, ours: np.ndarray, ref: np.ndarray) -> Outp
         raise ValueError(f"output {name}: shape {ours.shape} != reference {ref.shape}")
     if np.issubdtype(ref.dtype, np.integer):
         d = np.abs(ours.astype(np.int64) - ref.astype(np.int64))
-    else:  # float outputs (non full-integer models): exact comparison of the bits
-        d = (ours.astype(np.float32).view(np.int32) != ref.astype(np.float32).view(np.int32)).astype(np.int64)
-    return OutputDiff(name, mode, int(d.size), int((d > 0).sum()), float(d.max(initial=0)))
+        return OutputDiff(name, mode, int(d.size), int((d > 0).sum()), float(d.max(initial=0)))
+    # float outputs (models without full-integer I/O): bitwise equality, and the largest |Δ|
+    ours32, ref32 = ours.astype(np.float32), ref.astype(np.float32)
+    differ = int((ours32.view(np.int32) != ref32.view(np.int32)).sum())
+    return OutputDiff(name, mode, int(ref.size), differ, float(np.abs(ours32 - ref32).max(initial=0)), "abs")
 
 
 def sum_causes(op_diffs) -> dict:
