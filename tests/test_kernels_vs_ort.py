@@ -750,18 +750,22 @@ def test_maxpool_int8_vs_ort(xt, kh, kw, sh, sw, dh, dw, padded, seed):
 
 # ----------------------------------------------------------------------------- Q / DQ
 
+def qdq_params(rng, xt, per_axis):
+    """(channels, scale, zero point) for a QuantizeLinear / DequantizeLinear test, per-tensor or per-axis."""
+    qmin, qmax = qrange(xt)
+    C = int(rng.integers(1, 8))
+    if per_axis:
+        return C, np.array([pick_scale(rng, -3, 0, False) for _ in range(C)], F32), \
+            rng.integers(qmin, qmax + 1, size=C).astype(xt)
+    return C, pick_scale(rng, -3, 0, False), xt(rng.integers(qmin, qmax + 1))
+
+
 @settings(max_examples=100, **SETTINGS)
 @given(st.sampled_from([np.uint8, np.int8]), st.booleans(), st.integers(0, 2 ** 32 - 1))
 def test_quantizelinear_vs_ort(xt, per_axis, seed):
     rng = np.random.default_rng(seed)
     qmin, qmax = qrange(xt)
-    C = int(rng.integers(1, 8))
-    if per_axis:
-        s = np.array([pick_scale(rng, -3, 0, False) for _ in range(C)], F32)
-        z = rng.integers(qmin, qmax + 1, size=C).astype(xt)
-    else:
-        s = pick_scale(rng, -3, 0, False)
-        z = xt(rng.integers(qmin, qmax + 1))
+    C, s, z = qdq_params(rng, xt, per_axis)
     s_b = np.broadcast_to(np.asarray(s, F32), (C,)).reshape(1, C, 1, 1)
     x = (rng.normal(size=(2, C, 5, 7)) * 80 * s_b).astype(F32)
     # exact half-way quotients, huge values and infinities
@@ -792,13 +796,7 @@ def test_quantizelinear_vs_ort(xt, per_axis, seed):
 def test_dequantizelinear_vs_ort(xt, per_axis, seed):
     rng = np.random.default_rng(seed)
     qmin, qmax = qrange(xt)
-    C = int(rng.integers(1, 8))
-    if per_axis:
-        s = np.array([pick_scale(rng, -3, 0, False) for _ in range(C)], F32)
-        z = rng.integers(qmin, qmax + 1, size=C).astype(xt)
-    else:
-        s = pick_scale(rng, -3, 0, False)
-        z = xt(rng.integers(qmin, qmax + 1))
+    C, s, z = qdq_params(rng, xt, per_axis)
     q = rand_q(rng, (2, C, 4, 5), xt)
     node = helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"], axis=1)
     (y,) = run_ort([node], {"q": q}, {"s": s, "z": z}, {"y": np.float32})

@@ -585,7 +585,8 @@ def global_avgpool_ort(acc, n, xs, ys, zy, qmin, qmax) -> np.ndarray:
     return requant_ort(acc, s, zy, qmin, qmax)
 
 
-def _pair(v) -> tuple[int, int]:
+def pair(v) -> tuple[int, int]:
+    """A scalar or 2-sequence (kernel, stride, dilation) as an (h, w) pair of ints."""
     if np.ndim(v) == 0:
         return int(v), int(v)
     t = tuple(int(i) for i in v)
@@ -611,8 +612,8 @@ def avgpool_ort(x, kernel, stride, pad_lrtb, count_include_pad, xs, zx, ys, zy,
     """
     x = np.asarray(x)
     N, C, H, W = x.shape
-    kh, kw = _pair(kernel)
-    sh, sw = _pair(stride)
+    kh, kw = pair(kernel)
+    sh, sw = pair(stride)
     pl, pr, pt, pb = (int(p) for p in pad_lrtb)
     if (kh, kw) == (H, W) and pl == pr == pt == pb == 0:
         acc = x.astype(np.int64).sum(axis=(2, 3), keepdims=True) - int(zx) * H * W

@@ -47,6 +47,8 @@ from typing import NamedTuple
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
+from ..compiler.fixed_point import pair
+
 __all__ = ["conv_out_size", "conv2d_acc", "fc_acc", "pool_sum", "maxpool", "ConvPlan", "FcPlan",
            "AccParts"]
 
@@ -56,15 +58,6 @@ _MIN_F32_CHUNK = 64
 _COLS_BUDGET = 1 << 22      # elements of the column buffer per block (16 MiB in float32)
 _WIDE_MAX_WASTE = 0.05      # use "wide" columns when the junk columns are at most this fraction
 _WINO_MIN_TILES = 32        # Winograd F(2x2, 3x3) when there are at least this many 2x2 tiles
-
-
-def _pair(v) -> tuple[int, int]:
-    if np.ndim(v) == 0:
-        return int(v), int(v)
-    t = tuple(int(i) for i in v)
-    if len(t) != 2:
-        raise ValueError(f"expected 2 values, got {v!r}")
-    return t
 
 
 def _pads(p) -> tuple[int, int, int, int]:
@@ -403,8 +396,8 @@ class ConvPlan:
         self.groups = g
         self.pads = _pads(pad_lrtb)
         self.pad_value = int(pad_value)
-        self.stride = _pair(stride)
-        self.dilation = _pair(dilation)
+        self.stride = pair(stride)
+        self.dilation = pair(dilation)
         w64 = w.astype(np.int64)
         self.wsum = w64.reshape(O, -1).sum(axis=1)
         self.bias = (np.zeros(O, dtype=np.int64) if bias is None
@@ -675,8 +668,8 @@ def pool_sum(x, kernel, stride, pad_lrtb=(0, 0, 0, 0), count_include_pad: bool =
     """
     x = np.asarray(x)
     N, C, H, W = x.shape
-    kh, kw = _pair(kernel)
-    sh, sw = _pair(stride)
+    kh, kw = pair(kernel)
+    sh, sw = pair(stride)
     pl, pr, pt, pb = _pads(pad_lrtb)
     OH = conv_out_size(H, kh, sh, 1, pt, pb)
     OW = conv_out_size(W, kw, sw, 1, pl, pr)
@@ -709,9 +702,9 @@ def maxpool(x, kernel, stride, pad_lrtb=(0, 0, 0, 0), dilation=1) -> np.ndarray:
     minimum, i.e. -inf for the max). Result has x's dtype."""
     x = np.asarray(x)
     N, C, H, W = x.shape
-    kh, kw = _pair(kernel)
-    sh, sw = _pair(stride)
-    dh, dw = _pair(dilation)
+    kh, kw = pair(kernel)
+    sh, sw = pair(stride)
+    dh, dw = pair(dilation)
     pl, pr, pt, pb = _pads(pad_lrtb)
     OH = conv_out_size(H, kh, sh, dh, pt, pb)
     OW = conv_out_size(W, kw, sw, dw, pl, pr)

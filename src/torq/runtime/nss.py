@@ -271,6 +271,13 @@ def _fc(op, folder, rtype):
     return _with_acc(parts_fn, a, rtype, ys)
 
 
+def _binary_ort(recipe, k, x, y, sa, za, sb, zb, sc, a):
+    """An ORT binary recipe (QLinearAdd, float Add, QLinearMul) run in ORT's own domain: shifted
+    back by k = 128 when the model's uint8 activations were made int8 (graph/signedness.py)."""
+    return recipe(x.astype(np.int64) + k, y.astype(np.int64) + k, sa, za + k, sb, zb + k, sc,
+                  a["output_zp"] + k, a["output_min"] + k, a["output_max"] + k) - k
+
+
 def _add(op, folder, rtype):
     a = torq_hl.op_attrs(op)
     za, zb = (int(v) for v in a["input_zps"])
@@ -286,8 +293,7 @@ def _add(op, folder, rtype):
         else:   # in ORT's own (possibly uint8) domain: its float constant depends on the zero points
             k = a["ort_zp_shift"]
             recipe = fixed_point.add_ort if a["ort_kernel"] == "QLinearAdd" else fixed_point.add_float_ort
-            out = recipe(x.astype(np.int64) + k, y.astype(np.int64) + k, sa, za + k, sb_, zb + k, sc,
-                         a["output_zp"] + k, a["output_min"] + k, a["output_max"] + k) - k
+            out = _binary_ort(recipe, k, x, y, sa, za, sb_, zb, sc, a)
         return np.asarray(out).astype(rtype)
 
     def explain(args, ort_out):
@@ -393,8 +399,7 @@ def _int_mul(a, rtype):
         if rounding == "native":
             out = fixed_point.mul_native(x, y, za, zb, mult, shift, a["output_zp"], a["output_min"], a["output_max"])
         else:   # ORT adds the zero point in float before rounding: work in its (uint8) domain
-            out = fixed_point.mul_ort(x.astype(np.int64) + k, y.astype(np.int64) + k, sa, za + k, sb, zb + k, sc,
-                                      a["output_zp"] + k, a["output_min"] + k, a["output_max"] + k) - k
+            out = _binary_ort(fixed_point.mul_ort, k, x, y, sa, za, sb, zb, sc, a)
         return np.asarray(out).astype(rtype)
 
     def explain(args, ort_out):
