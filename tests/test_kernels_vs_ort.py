@@ -363,7 +363,7 @@ def test_requant_parts_equal_reference(kind, mag, mode, shift, out_t, loose, see
     acc = rng.integers(-hi_acc, hi_acc + 1, size=(2, O, 5))
     extra = rng.integers(-2 ** min(mag, 33), 2 ** min(mag, 33) + 1, size=O)
     total = acc + extra[None, :, None]
-    a = {"f32": F32, "f64": np.float64, "i64": np.int64, "i32": np.int64}[kind]
+    a = {"f32": F32, "f64": np.float64, "i64": np.int64, "i32": np.int32}[kind]
     if kind == "i32":
         acc = np.clip(acc, -2 ** 31, 2 ** 31 - 1)
         total = acc + extra[None, :, None]
@@ -384,6 +384,34 @@ def test_requant_parts_equal_reference(kind, mag, mode, shift, out_t, loose, see
     got = fp.requant_ort_parts(acc_in, extra, scale, zp, qmin, qmax, **kw)
     assert got.dtype == out_t
     np.testing.assert_array_equal(got, fp.requant_ort(total, scale, zp, qmin, qmax).astype(out_t))
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.int32])
+@pytest.mark.parametrize("out_t, zp", [(np.int8, -64), (np.uint8, 64)])
+def test_act_native_parts_float64_path_at_its_exactness_limit(dtype, out_t, zp):
+    """The float64 ACT path is exact only while |acc * m| + |constant| < 2**53: accumulators just
+    below and just above that limit (m = 2**31 - 1, shift 46, outputs spanning half the
+    output range) match act_native bit for bit."""
+    m, shift = 2 ** 31 - 1, 46
+    qmin, qmax = qrange(out_t)
+    const = abs(-12345 * m + (1 << (shift - 1)) + ((zp - qmin) << shift))   # |extra*m + r + (zp-lo)<<s|
+    limit = ((1 << 53) - 1 - const) // m                    # largest |acc| the float64 path takes
+    rng = np.random.default_rng(0)
+    below = np.concatenate([np.arange(limit - 3000, limit + 1), -np.arange(limit - 3000, limit + 1),
+                            rng.integers(-limit, limit + 1, 20000)])
+    above = np.concatenate([below, [limit + 1, -limit - 1000]])
+    extra = np.array([-12345])
+    for acc, fast in ((below, True), (above, False)):
+        acc = acc.reshape(1, 1, -1)
+        assert (fp._act_f64(acc.astype(dtype), np.array([[[m]]]), extra.reshape(1, 1, 1), shift,
+                            1 << (shift - 1), zp, qmin, qmax, 1 << 60, out_t) is not None) == fast
+        for bound in (int(np.abs(acc).max()), 2 ** 40):       # static bound, then the data's own
+            got = fp.act_native_parts(acc.astype(dtype), extra, m, shift, zp, qmin, qmax, acc_bound=bound,
+                                      bound=bound + 12345, axis=1, out_dtype=out_t)
+            want = fp.act_native(acc + extra[0], m, shift, zp, qmin, qmax).astype(out_t)
+            assert got.dtype == out_t
+            np.testing.assert_array_equal(got, want)
+            assert len(np.unique(want)) > 100                  # outputs really span the range
 
 
 @settings(max_examples=40, **SETTINGS)

@@ -305,6 +305,9 @@ def act_native_parts(acc, extra, mult, shift, out_zp, out_min, out_max, *, acc_b
         full = _parts_int64(a, extra, axis)
         return np.asarray(act_native(full, mult, shift, zp, lo, hi, axis)).astype(out_dtype)
     r = (1 << si) >> 1
+    out = _act_f64(a, m, e, si, r, zp, lo, hi, int(acc_bound) * mmax, out_dtype)
+    if out is not None:
+        return out
     fold_zp = emax * mmax + r + abs(zp) * (1 << si) < (1 << 62)
     cst = e * m + (r + ((zp << si) if fold_zp else 0))   # int64, |cst| < 2**62
     t = np.empty(a.shape, dtype=np.int64)
@@ -318,6 +321,39 @@ def act_native_parts(acc, extra, mult, shift, out_zp, out_min, out_max, *, acc_b
     out = np.empty(a.shape, dtype=out_dtype)
     np.clip(t, lo, hi, out=out, casting="unsafe")        # in range after the clamp
     return out
+
+
+def _act_f64(a, m, e, si, r, zp, lo, hi, prod_bound, out_dtype):
+    """act_native_parts in float64, or None where it would not be exact (then int64 runs).
+
+    With ``N = a*m + (e*m + r + (zp - lo) << si)`` (an integer), the ACT output is
+    ``lo + floor(N / 2**si)`` clamped. If every |N| < 2**53, then ``a*m`` is exact in float64,
+    ``N / 2**si`` is representable and the float64 sum ``a*(m/2**si) + cst/2**si`` is exact;
+    clipping to [0, hi - lo] and casting to an unsigned byte truncates, which is the floor for
+    values >= 0. Cheaper passes than int64's.
+    Only for one-byte outputs (int8 / uint8)."""
+    od = np.dtype(out_dtype)
+    if od.itemsize != 1 or hi - lo > 255 or a.dtype not in (_F32, _F64, np.dtype(np.int32)):
+        return None
+    c0 = r + ((zp - lo) << si)
+    if abs(c0) >= _F53_INT:
+        return None
+    cst = e * m + c0                                       # |e*m| < 2**60 (caller checked)
+    cmax = int(np.abs(cst).max()) if cst.size else 0
+    if prod_bound + cmax >= _F53_INT:
+        if not a.size:
+            return None
+        amax = max(-int(a.min()), int(a.max()))           # the data's own bound (two reads)
+        if amax * int(np.abs(m).max(initial=0)) + cmax >= _F53_INT:
+            return None
+    scale = np.ldexp(m.astype(_F64), -si)                  # exact: m < 2**31
+    t = a.astype(_F64)                  # same-dtype passes: numpy's mixed-dtype loops are slower
+    t *= scale
+    t += np.ldexp(cst.astype(_F64), -si)                   # exact: |cst| < 2**53
+    np.clip(t, 0.0, float(hi - lo), out=t)
+    u = t.astype(np.uint8)
+    u += np.uint8(lo & 0xFF)                               # wraps to lo + floor(...) in od
+    return u.view(od)
 
 
 # ---------------------------------------------------------------------------------------------
