@@ -386,32 +386,68 @@ def test_requant_parts_equal_reference(kind, mag, mode, shift, out_t, loose, see
     np.testing.assert_array_equal(got, fp.requant_ort(total, scale, zp, qmin, qmax).astype(out_t))
 
 
-@pytest.mark.parametrize("dtype", [np.float64, np.int32])
-@pytest.mark.parametrize("out_t, zp", [(np.int8, -64), (np.uint8, 64)])
-def test_act_native_parts_float64_path_at_its_exactness_limit(dtype, out_t, zp):
-    """The float64 ACT path is exact only while |acc * m| + |constant| < 2**53: accumulators just
-    below and just above that limit (m = 2**31 - 1, shift 46, outputs spanning half the
-    output range) match act_native bit for bit."""
-    m, shift = 2 ** 31 - 1, 46
+@settings(max_examples=200, **SETTINGS)
+@given(st.sampled_from([np.int8, np.uint8, np.int16]), st.sampled_from([np.int8, np.uint8]),
+       st.integers(0, 2 ** 31 - 1), st.integers(0, 2 ** 31 - 1), st.integers(0, 60), st.booleans(),
+       st.integers(0, 2 ** 32 - 1))
+def test_add_native_byte_output_equals_int64(xt, out_t, mA, mB, shift, bcast, seed):
+    """add_native_mults with a one-byte output (float64 path where exact, int64 otherwise) equals
+    the int64 formula, for any multipliers, shift, zero points and a broadcast operand."""
+    rng = np.random.default_rng(seed)
+    lo, hi = qrange(xt) if xt != np.int16 else (-3000, 3000)
+    a = rng.integers(lo, hi + 1, size=(1, 3, 4, 5)).astype(xt)
+    b = rng.integers(lo, hi + 1, size=(1, 3, 1, 1) if bcast else a.shape).astype(xt)
+    za, zb = (int(v) for v in rng.integers(lo, hi + 1, 2))
     qmin, qmax = qrange(out_t)
-    const = abs(-12345 * m + (1 << (shift - 1)) + ((zp - qmin) << shift))   # |extra*m + r + (zp-lo)<<s|
-    limit = ((1 << 53) - 1 - const) // m                    # largest |acc| the float64 path takes
-    rng = np.random.default_rng(0)
-    below = np.concatenate([np.arange(limit - 3000, limit + 1), -np.arange(limit - 3000, limit + 1),
-                            rng.integers(-limit, limit + 1, 20000)])
-    above = np.concatenate([below, [limit + 1, -limit - 1000]])
-    extra = np.array([-12345])
-    for acc, fast in ((below, True), (above, False)):
-        acc = acc.reshape(1, 1, -1)
-        assert (fp._act_f64(acc.astype(dtype), np.array([[[m]]]), extra.reshape(1, 1, 1), shift,
-                            1 << (shift - 1), zp, qmin, qmax, 1 << 60, out_t) is not None) == fast
-        for bound in (int(np.abs(acc).max()), 2 ** 40):       # static bound, then the data's own
-            got = fp.act_native_parts(acc.astype(dtype), extra, m, shift, zp, qmin, qmax, acc_bound=bound,
-                                      bound=bound + 12345, axis=1, out_dtype=out_t)
-            want = fp.act_native(acc + extra[0], m, shift, zp, qmin, qmax).astype(out_t)
-            assert got.dtype == out_t
-            np.testing.assert_array_equal(got, want)
-            assert len(np.unique(want)) > 100                  # outputs really span the range
+    zc = int(rng.integers(qmin, qmax + 1))
+    got = fp.add_native_mults(a, b, za, zb, mA, mB, shift, zc, qmin, qmax, out_dtype=out_t)
+    want = fp.add_native_mults(a, b, za, zb, mA, mB, shift, zc, qmin, qmax)
+    assert got.dtype == out_t and want.dtype == np.int64
+    np.testing.assert_array_equal(got, want.astype(out_t))
+
+
+@pytest.mark.parametrize("window", ["full", "columns", "rows_and_columns", "transposed", "fc_2d", "conv1d_3d"])
+def test_parts_rescale_on_strided_accumulators(window):
+    """The compiled rescale reads accumulators in the layouts the kernels hand it: whole arrays,
+    a column window of a wide GEMM buffer, a row+column window (odd Winograd output), a
+    non-contiguous transpose (copied), and 2-D / 3-D accumulators (FC, Conv1D)."""
+    rng = np.random.default_rng(3)
+    buf = rng.integers(-2 ** 20, 2 ** 20, size=(2, 5, 9, 13)).astype(F32)
+    acc = {"full": buf, "columns": buf[..., :10], "rows_and_columns": buf[:, :, :7, :11],
+           "transposed": buf.transpose(0, 1, 3, 2), "fc_2d": buf[0, :, 0, :].T,
+           "conv1d_3d": buf[:, :, 0, :]}[window]
+    O = acc.shape[1]
+    extra = rng.integers(-2 ** 20, 2 ** 20, O)
+    mult = rng.integers(2 ** 29, 2 ** 31, O)
+    scale = rng.uniform(1e-6, 1e-5, O).astype(F32)
+    total = acc.astype(np.int64) + extra.reshape([1, O] + [1] * (acc.ndim - 2))
+    kw = dict(acc_bound=2 ** 20, bound=2 ** 21, axis=1, out_dtype=np.int8)
+    np.testing.assert_array_equal(fp.act_native_parts(acc, extra, mult, 36, 3, -128, 127, **kw),
+                                  fp.act_native(total, mult, 36, 3, -128, 127))
+    np.testing.assert_array_equal(fp.requant_ort_parts(acc, extra, scale, 3, -128, 127, **kw),
+                                  fp.requant_ort(total, scale, 3, -128, 127))
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.int32, np.int64])
+@pytest.mark.parametrize("m", [2 ** 31 - 1, -2 ** 31, 1])
+@pytest.mark.parametrize("shift", [0, 31, 46, 62])
+def test_parts_rescale_at_the_int32_limits(dtype, m, shift):
+    """The compiled rescale loops at the edges of their int64 arithmetic: sums acc + extra at
+    +-(2**31 - 1), extreme multipliers, shifts 0..62 -- equal to act_native / requant_ort."""
+    top = 2 ** 31 - 1
+    acc = np.array([top - 5, top - 6, -top + 4, 0, 5, -5, top // 3, -(top // 7), 12345]).reshape(1, 1, -1)
+    extra = np.array([5])
+    for out_t in (np.int8, np.uint8, np.int16, np.int32):
+        qmin, qmax = qrange(out_t) if out_t != np.int32 else (-2 ** 31, 2 ** 31 - 1)
+        zp = (qmin + qmax) // 2
+        kw = dict(acc_bound=top - 1, bound=top, axis=1, out_dtype=out_t)
+        got = fp.act_native_parts(acc.astype(dtype), extra, m, shift, zp, qmin, qmax, **kw)
+        want = fp.act_native(acc + 5, m, shift, zp, qmin, qmax).astype(out_t)
+        assert got.dtype == out_t
+        np.testing.assert_array_equal(got, want)
+        scale = np.float32(2.0 ** -shift * abs(m))
+        got = fp.requant_ort_parts(acc.astype(dtype), extra, scale, zp, qmin, qmax, **kw)
+        np.testing.assert_array_equal(got, fp.requant_ort(acc + 5, scale, zp, qmin, qmax).astype(out_t))
 
 
 @settings(max_examples=40, **SETTINGS)

@@ -18,8 +18,10 @@ as a 1-LSB mismatch somewhere in a ResNet. If the compiler (which stores multipl
 ``scale_bias``), the simulator (which applies them) and the comparison harness (which explains
 differences) each had their own copy of this arithmetic, they would drift apart silently. So
 every function that decides how a number is rounded lives here, and everything else imports it.
-The module is pure numpy + the standard library (no ORT, no MLIR), so the simulator can use it
-at full speed and the tests can hold it against real ONNX Runtime.
+The module is numpy, the standard library and a few numba-compiled loops (``jit``; no ORT, no
+MLIR), so the simulator can use it at full speed and the tests can hold it against real ONNX
+Runtime. Each compiled loop is the same formula as its numpy reference (``act_native``,
+``requant_ort``, ``add_native_mults``' int64 path), checked element for element by the tests.
 
 Conventions
 -----------
@@ -33,6 +35,7 @@ Conventions
 """
 from __future__ import annotations
 
+import functools
 import math
 from fractions import Fraction
 from typing import Iterable, Sequence
@@ -61,6 +64,24 @@ ZERO_SCALE_SHIFT = 28   # computeMultiplierAndShift(0) -> (0, 28)
 _F32 = np.float32
 _F64 = np.float64
 _F53_INT = 1 << 53
+
+
+def jit(fn):
+    """``fn`` compiled with numba on its first call (nopython, GIL released, cached on disk).
+
+    The simulator's per-element loops (rescale, Winograd transforms) are written as plain
+    loops over one element's formula, so each is one pass over memory instead of numpy's chain
+    of temporaries. numba is imported on first use: importing the compiler never pays for it."""
+    compiled = None
+
+    @functools.wraps(fn)
+    def call(*args):
+        nonlocal compiled
+        if compiled is None:
+            import numba
+            compiled = numba.njit(cache=True, nogil=True)(fn)
+        return compiled(*args)
+    return call
 
 
 # ---------------------------------------------------------------------------------------------
@@ -247,17 +268,6 @@ def _split_ok(a: np.ndarray, axis: int, out_dtype, lo: int, hi: int) -> bool:
     return info.min <= lo <= hi <= info.max
 
 
-def _channel_vec(v, ndim: int, axis: int, dtype) -> np.ndarray | None:
-    """A scalar or 1-D per-channel parameter as an array broadcastable along ``axis`` (None if
-    it has another shape)."""
-    arr = np.asarray(v, dtype=dtype)
-    if arr.ndim > 1:
-        return None
-    shape = [1] * ndim
-    shape[axis] = arr.size if arr.ndim == 1 else 1
-    return arr.reshape(shape)
-
-
 def _parts_int64(acc, extra, axis: int) -> np.ndarray:
     a = np.asarray(acc)
     if a.dtype.kind == "f":
@@ -271,89 +281,88 @@ def _parts_int64(acc, extra, axis: int) -> np.ndarray:
 def act_native_parts(acc, extra, mult, shift, out_zp, out_min, out_max, *, acc_bound: int,
                      bound: int, axis: int = 1, out_dtype=np.int64) -> np.ndarray:
     """``act_native(acc + extra, mult, shift, out_zp, out_min, out_max, axis)`` cast to
-    ``out_dtype``, for an exact accumulator given in two parts, fused (fewer passes).
+    ``out_dtype``, for an exact accumulator given in two parts, in one compiled pass.
 
     ``acc`` holds exact integers in any numeric dtype (float32 / float64 from an exact GEMM, or
-    an integer dtype); ``extra`` is a scalar or a 1-D per-channel integer vector along ``axis``;
-    the caller guarantees ``|acc| <= acc_bound`` and ``|acc + extra| <= bound`` (Python ints;
-    see ``torq.runtime.kernels.AccParts``). When the bounds show that the accumulator fits int32
-    (no wrap) and every int64 intermediate fits, this computes
-
-        t = int64(acc) * m + (extra * m + ((1 << s) >> 1) + (out_zp << s))
-        q = clamp(t >> s, out_min, out_max)
-
-    which is act_native term by term ((acc + extra) * m is distributed, and adding
-    ``out_zp << s``, a multiple of 2**s, before the floor shift equals adding out_zp after it).
-    In every other case (per-element multipliers, shifts out of range, possible wrap) it calls
-    act_native on the int64 sum, so the result is always identical.
+    an integer dtype); ``extra`` and ``mult`` are scalars or 1-D per-channel vectors along
+    ``axis``; the caller guarantees ``|acc| <= acc_bound`` and ``|acc + extra| <= bound``
+    (Python ints; see ``torq.runtime.kernels.AccParts``). When the bounds show that the sum fits
+    int32 (no wrap), every element is ``act_native``'s formula in int64 (``|sum * m| < 2**62``).
+    In every other case (per-element multipliers, possible wrap) act_native runs on the int64
+    sum, so the result is always identical.
     """
     a = np.asarray(acc)
     zp, lo, hi = int(out_zp), int(out_min), int(out_max)
     fast = _split_ok(a, axis, out_dtype, lo, hi) and np.ndim(shift) == 0 \
-        and 0 <= int(bound) <= INT32_MAX and 0 <= int(acc_bound) < (1 << 62)
+        and 0 <= int(bound) <= INT32_MAX and 0 <= int(acc_bound) <= (1 << 53) and 0 <= int(shift) <= 62
     if fast:
-        si = int(shift)
-        m = _channel_vec(mult, a.ndim, axis, np.int64)
-        e = _channel_vec(extra, a.ndim, axis, np.int64)
-        fast = 0 <= si <= 62 and m is not None and e is not None
-    if fast:
-        mmax = int(np.abs(m).max()) if m.size else 0
-        emax = int(np.abs(e).max()) if e.size else 0
-        fast = (mmax <= INT32_MAX and (not m.size or int(m.min()) >= INT32_MIN)
-                and int(acc_bound) * mmax < (1 << 62) and emax * mmax < (1 << 60))
+        m = _channel_params(mult, a, axis, np.int64)
+        e = _channel_params(extra, a, axis, np.int64)
+        fast = (m is not None and e is not None and (not m.size or (
+            int(m.max()) <= INT32_MAX and int(m.min()) >= INT32_MIN)))
     if not fast:
         full = _parts_int64(a, extra, axis)
         return np.asarray(act_native(full, mult, shift, zp, lo, hi, axis)).astype(out_dtype)
-    r = (1 << si) >> 1
-    out = _act_f64(a, m, e, si, r, zp, lo, hi, int(acc_bound) * mmax, out_dtype)
-    if out is not None:
-        return out
-    fold_zp = emax * mmax + r + abs(zp) * (1 << si) < (1 << 62)
-    cst = e * m + (r + ((zp << si) if fold_zp else 0))   # int64, |cst| < 2**62
-    t = np.empty(a.shape, dtype=np.int64)
-    np.copyto(t, a, casting="unsafe")                    # exact: a holds integers < 2**62
-    np.multiply(t, m, out=t)                             # |acc * m| < 2**62
-    np.add(t, cst, out=t)
-    if si:
-        np.right_shift(t, si, out=t)
-    if not fold_zp:
-        t += zp
     out = np.empty(a.shape, dtype=out_dtype)
-    np.clip(t, lo, hi, out=out, casting="unsafe")        # in range after the clamp
+    _act_loop(_contiguous_rows(_as4d(a, axis)), e, m, int(shift), zp, lo, hi, _as4d(out, axis))
     return out
 
 
-def _act_f64(a, m, e, si, r, zp, lo, hi, prod_bound, out_dtype):
-    """act_native_parts in float64, or None where it would not be exact (then int64 runs).
+@jit
+def _act_loop(acc, extra, mult, shift, zp, lo, hi, out):
+    """act_native on acc + extra[o] (exact integers, sum within int32), 4-D [pre, O, mid, last];
+    ``acc`` may be larger than ``out`` (only ``acc[:, :, :M, :L]`` is read)."""
+    r = (np.int64(1) << shift) >> 1
+    P, O, M, L = out.shape
+    for p in range(P):
+        for o in range(O):
+            e, m = extra[o], mult[o]
+            for i in range(M):
+                for j in range(L):
+                    t = (((np.int64(acc[p, o, i, j]) + e) * m + r) >> shift) + zp
+                    out[p, o, i, j] = min(max(t, lo), hi)
 
-    With ``N = a*m + (e*m + r + (zp - lo) << si)`` (an integer), the ACT output is
-    ``lo + floor(N / 2**si)`` clamped. If every |N| < 2**53, then ``a*m`` is exact in float64,
-    ``N / 2**si`` is representable and the float64 sum ``a*(m/2**si) + cst/2**si`` is exact;
-    clipping to [0, hi - lo] and casting to an unsigned byte truncates, which is the floor for
-    values >= 0. Cheaper passes than int64's.
-    Only for one-byte outputs (int8 / uint8)."""
-    od = np.dtype(out_dtype)
-    if od.itemsize != 1 or hi - lo > 255 or a.dtype not in (_F32, _F64, np.dtype(np.int32)):
-        return None
-    c0 = r + ((zp - lo) << si)
-    if abs(c0) >= _F53_INT:
-        return None
-    cst = e * m + c0                                       # |e*m| < 2**60 (caller checked)
-    cmax = int(np.abs(cst).max()) if cst.size else 0
-    if prod_bound + cmax >= _F53_INT:
-        if not a.size:
-            return None
-        amax = max(-int(a.min()), int(a.max()))           # the data's own bound (two reads)
-        if amax * int(np.abs(m).max(initial=0)) + cmax >= _F53_INT:
-            return None
-    scale = np.ldexp(m.astype(_F64), -si)                  # exact: m < 2**31
-    t = a.astype(_F64)                  # same-dtype passes: numpy's mixed-dtype loops are slower
-    t *= scale
-    t += np.ldexp(cst.astype(_F64), -si)                   # exact: |cst| < 2**53
-    np.clip(t, 0.0, float(hi - lo), out=t)
-    u = t.astype(np.uint8)
-    u += np.uint8(lo & 0xFF)                               # wraps to lo + floor(...) in od
-    return u.view(od)
+
+def _channel_params(v, a: np.ndarray, axis: int, dtype) -> np.ndarray | None:
+    """A scalar or per-channel parameter as a 1-D vector over a's channel axis (None if it has
+    another shape)."""
+    arr = np.asarray(v, dtype=dtype)
+    C = a.shape[axis]
+    if arr.ndim == 0:
+        return np.full(C, arr, dtype=dtype)
+    if arr.ndim == 1 and arr.size == C:
+        return np.ascontiguousarray(arr)
+    return None
+
+
+def _as4d(a: np.ndarray, axis: int) -> np.ndarray:
+    """a as [prod(dims before axis), C, prod(dims between), last dim] (a view when numpy can;
+    a copy otherwise)."""
+    axis %= a.ndim
+    pre = math.prod(a.shape[:axis])
+    post = a.shape[axis + 1:]
+    if len(post) == 0:
+        return a.reshape(pre, a.shape[axis], 1, 1)
+    return a.reshape(pre, a.shape[axis], math.prod(post[:-1]), post[-1])
+
+
+def _contiguous_rows(a4: np.ndarray) -> np.ndarray:
+    """A C-contiguous 4-D array whose ``[:, :, :M, :L]`` is ``a4`` [P, C, M, L]: ``a4`` itself, or
+    the buffer it was sliced from when it is a row/column window of one (the GEMM's "wide"
+    layout, an odd Winograd output) -- only the window is ever read -- else a copy.
+
+    Compiled loops need it: numba vectorises loops over C-contiguous arrays only, and a strided
+    view runs ~50x slower there."""
+    if a4.flags.c_contiguous:
+        return a4
+    P, C, M, L = a4.shape
+    it = a4.itemsize
+    s0, s1, s2, s3 = a4.strides
+    if s3 == it and s2 % it == 0 and s2 >= L * it and s1 % s2 == 0 and s1 >= M * s2 and (
+            P == 1 or s0 == C * s1) and (C == 1 or s1 > 0):
+        W, Mf = s2 // it, s1 // s2
+        return np.lib.stride_tricks.as_strided(a4, (P, C, Mf, W), (C * s1, s1, s2, it), writeable=False)
+    return np.ascontiguousarray(a4)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -397,37 +406,40 @@ def requant_ort(acc, scale_f32, out_zp, qmin, qmax, axis: int = 1) -> np.ndarray
 def requant_ort_parts(acc, extra, scale_f32, out_zp, qmin, qmax, *, acc_bound: int,
                       bound: int, axis: int = 1, out_dtype=np.int64) -> np.ndarray:
     """``requant_ort(acc + extra, scale_f32, out_zp, qmin, qmax, axis)`` cast to ``out_dtype``,
-    for an exact accumulator given in two parts (as in ``act_native_parts``), fused.
-
-    When ``|acc + extra| <= bound`` fits int32 (ORT's int32 accumulator does not wrap), the
-    exact sum is formed in float32 (when acc, extra and the sum are all below 2**24, so every
-    value and the addition are exact) or in float64 (exact below 2**53) and rounded once to
-    float32, which is the same RNE conversion as int32 -> float32. The rest is requant_ort's
-    float32 multiply, clamp, RNE and zero point. Otherwise requant_ort runs on the int64 sum.
+    for an exact accumulator given in two parts (as in ``act_native_parts``), in one compiled
+    pass: when ``|acc + extra| <= bound`` fits int32 (ORT's int32 accumulator does not wrap),
+    every element is requant_ort's formula (int -> float32 RNE, float32 multiply, clamp, RNE,
+    zero point). Otherwise requant_ort runs on the int64 sum.
     """
     a = np.asarray(acc)
     zp, lo, hi = int(out_zp), int(qmin), int(qmax)
     fast = _split_ok(a, axis, out_dtype, lo, hi) and 0 <= int(bound) <= INT32_MAX \
-        and 0 <= int(acc_bound) < _F53_INT
+        and 0 <= int(acc_bound) <= _F53_INT
     if fast:
-        s = _channel_vec(scale_f32, a.ndim, axis, _F32)
-        e = _channel_vec(extra, a.ndim, axis, np.int64)
+        s = _channel_params(scale_f32, a, axis, _F32)
+        e = _channel_params(extra, a, axis, np.int64)
         fast = s is not None and e is not None
     if not fast:
         full = _parts_int64(a, extra, axis)
         return np.asarray(requant_ort(full, scale_f32, zp, lo, hi, axis)).astype(out_dtype)
-    emax = int(np.abs(e).max()) if e.size else 0
-    if a.dtype == _F32 and int(acc_bound) <= (1 << 24) and emax <= (1 << 24) \
-            and int(bound) <= (1 << 24):
-        f = np.add(a, e.astype(_F32), dtype=_F32)          # exact
-    else:
-        f = np.add(a, e.astype(_F64), dtype=_F64).astype(_F32)   # exact sum, one RNE
-    np.multiply(f, s, out=f)
-    np.clip(f, _F32(lo - zp), _F32(hi - zp), out=f)
-    np.rint(f, out=f)
     out = np.empty(a.shape, dtype=out_dtype)
-    np.add(f, _F32(zp), out=out, casting="unsafe")       # small integers: exact
+    _requant_ort_loop(_contiguous_rows(_as4d(a, axis)), e, s, zp, lo, hi, _as4d(out, axis))
     return out
+
+
+@jit
+def _requant_ort_loop(acc, extra, scale, zp, lo, hi, out):
+    """requant_ort on acc + extra[o] (exact integers, sum within int32), 4-D like _act_loop."""
+    flo, fhi = np.float32(lo - zp), np.float32(hi - zp)
+    P, O, M, L = out.shape
+    for p in range(P):
+        for o in range(O):
+            e, s = extra[o], scale[o]
+            for i in range(M):
+                for j in range(L):
+                    f = np.float32(np.int64(acc[p, o, i, j]) + e) * s
+                    f = min(max(f, flo), fhi)
+                    out[p, o, i, j] = np.int64(np.rint(f)) + zp
 
 
 def fma32(a, b, c) -> np.ndarray:
@@ -577,15 +589,33 @@ def add_native(a, b, sa, za, sb, zb, sc, zc, qmin, qmax) -> np.ndarray:
     return add_native_mults(a, b, za, zb, mA, mB, shift, zc, qmin, qmax)
 
 
-def add_native_mults(a, b, za, zb, mA, mB, shift, zc, qmin, qmax) -> np.ndarray:
-    """add_native with the multipliers and shift the compiler stored on the op."""
-    a64 = np.asarray(a).astype(np.int64) - int(za)
-    b64 = np.asarray(b).astype(np.int64) - int(zb)
+def add_native_mults(a, b, za, zb, mA, mB, shift, zc, qmin, qmax, out_dtype=np.int64) -> np.ndarray:
+    """add_native with the multipliers and shift the compiler stored on the op:
+    ``clamp((((a - za)*mA + (b - zb)*mB + r) >> shift) + zc)``, r = (1 << shift) >> 1."""
+    a, b = np.asarray(a), np.asarray(b)
+    si, zc, lo, hi = int(shift), int(zc), int(qmin), int(qmax)
+    if (a.shape == b.shape and a.dtype.kind in "iu" and b.dtype.kind in "iu" and a.dtype.itemsize <= 2
+            and b.dtype.itemsize <= 2 and 0 <= si <= 62 and abs(int(mA)) <= INT32_MAX
+            and abs(int(mB)) <= INT32_MAX and abs(int(za)) < (1 << 16) and abs(int(zb)) < (1 << 16)):
+        out = np.empty(a.shape, dtype=out_dtype)      # |(a - za) * mA| < 2**48: no int64 overflow
+        _add_loop(a.reshape(-1), b.reshape(-1), int(za), int(zb), int(mA), int(mB), si, zc, lo, hi,
+                  out.reshape(-1))
+        return out
+    a64 = a.astype(np.int64) - int(za)
+    b64 = b.astype(np.int64) - int(zb)
     t = a64 * mA + b64 * mB
     t = ntp_shift(np.array(t, dtype=np.int64), shift)
-    t += int(zc)
-    np.clip(t, int(qmin), int(qmax), out=t)
-    return t
+    t += zc
+    np.clip(t, lo, hi, out=t)
+    return t.astype(out_dtype, copy=False)
+
+
+@jit
+def _add_loop(a, b, za, zb, mA, mB, shift, zc, lo, hi, out):
+    r = (np.int64(1) << shift) >> 1
+    for i in range(a.size):
+        t = (((np.int64(a[i]) - za) * mA + (np.int64(b[i]) - zb) * mB + r) >> shift) + zc
+        out[i] = min(max(t, lo), hi)
 
 
 # ---------------------------------------------------------------------------------------------

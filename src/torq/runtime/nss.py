@@ -289,7 +289,7 @@ def _add(op, folder, rtype):
         x, y = args
         if rounding == "native":
             out = fixed_point.add_native_mults(x, y, za, zb, ma, mb, a["shift_factor"], a["output_zp"],
-                                               a["output_min"], a["output_max"])
+                                               a["output_min"], a["output_max"], out_dtype=rtype)
         else:   # in ORT's own (possibly uint8) domain: its float constant depends on the zero points
             k = a["ort_zp_shift"]
             recipe = fixed_point.add_ort if a["ort_kernel"] == "QLinearAdd" else fixed_point.add_float_ort
