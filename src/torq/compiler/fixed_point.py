@@ -79,7 +79,10 @@ def jit(fn):
         nonlocal compiled
         if compiled is None:
             import numba
-            compiled = numba.njit(cache=True, nogil=True)(fn)
+            try:
+                compiled = numba.njit(cache=True, nogil=True)(fn)
+            except RuntimeError:            # no writable cache location: compile per process
+                compiled = numba.njit(nogil=True)(fn)
         return compiled(*args)
     return call
 

@@ -47,7 +47,7 @@ from typing import NamedTuple
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from ..compiler.fixed_point import pair
+from ..compiler.fixed_point import jit, pair
 
 __all__ = ["conv_out_size", "conv2d_acc", "fc_acc", "pool_sum", "maxpool", "ConvPlan", "FcPlan",
            "AccParts"]
@@ -266,14 +266,93 @@ def _phase(xn, a, b, sh, sw, pt, pl, rows, cols_, fill, c, dtype, out=None) -> n
 #   4 * y = A^T (U ⊙ V) A,  A^T = [[1,1,1,0], [0,1,-1,-1]]
 # so a 4x4 input tile gives a 2x2 output tile with 16 instead of 36 multiplies. Each of the 16
 # (xi, nu) positions is a GEMM over the input channels, made exact by the float32 chunk rule
-# with |V| <= 4*key; the output transform adds the 16 exact products in int32 (guarded by
-# 4*key * max_o Σ_{xi,nu,c} |U| < 2**31) and the final division by 4 is an exact shift.
+# with |V| <= 4*key; the input and output transforms are compiled loops (one pass each). The
+# guard 4*key * max_o Σ_{xi,nu,c} |U| < 2**31 bounds every product sum, so the output
+# transform is exact in int32; the final division by 4 is an exact shift.
 _WG = np.array([[2, 0, 0], [1, 1, 1], [1, -1, 1], [0, 0, 2]], dtype=np.int64)
 
 
-class _WinoEngine(NamedTuple):
-    chunks: list            # [(c0, c1, U chunk float32 [16, O, c1 - c0])]
-    stage1_f32: bool        # first output-transform stage exact in float32
+@jit
+def _wino_input_tiles(x, c, fill, pt, pl, Th, Tw, V):
+    """V[4a + b, ch, ty*Tw + tx] = (B^T d B)[a, b] of the 4x4 tile d of the padded, centred input
+    (x - c inside, ``fill`` outside) at rows 2ty - pt.., columns 2tx - pl..; x [C, H, W].
+
+    Each padded row is split into its even and odd columns first, so every later loop is
+    unit-stride (and vectorises)."""
+    C, H, W = x.shape
+    Hp = 2 * Th + 2
+    E = np.empty((Hp, Tw + 1), dtype=np.float32)      # even / odd columns of the padded rows
+    D = np.empty((Hp, Tw + 1), dtype=np.float32)
+    RE = np.empty((4, Tw + 1), dtype=np.float32)      # B^T d (rows), even / odd columns
+    RO = np.empty((4, Tw + 1), dtype=np.float32)
+    n = Tw + 1
+    for ch in range(C):
+        for i in range(Hp):
+            y = i - pt
+            for ph in range(2):                    # dst[k] = x[ch, y, 2k + off] - c, or fill
+                dst = E[i] if ph == 0 else D[i]
+                off = ph - pl
+                k0 = min(n, max(0, (1 - off) // 2)) if 0 <= y < H else n   # first 2k + off >= 0
+                k1 = min(n, max(k0, (W - off + 1) // 2))                   # first 2k + off >= W
+                for k in range(k0):
+                    dst[k] = fill
+                for k in range(k0, k1):
+                    dst[k] = np.float32(x[ch, y, 2 * k + off] - c)
+                for k in range(k1, n):
+                    dst[k] = fill
+        for ty in range(Th):
+            i = 2 * ty
+            for k in range(Tw + 1):
+                RE[0, k] = E[i, k] - E[i + 2, k]
+                RE[1, k] = E[i + 1, k] + E[i + 2, k]
+                RE[2, k] = E[i + 2, k] - E[i + 1, k]
+                RE[3, k] = E[i + 1, k] - E[i + 3, k]
+                RO[0, k] = D[i, k] - D[i + 2, k]
+                RO[1, k] = D[i + 1, k] + D[i + 2, k]
+                RO[2, k] = D[i + 2, k] - D[i + 1, k]
+                RO[3, k] = D[i + 1, k] - D[i + 3, k]
+            t0 = ty * Tw
+            for a in range(4):                             # ... times B
+                for tx in range(Tw):
+                    V[4 * a, ch, t0 + tx] = RE[a, tx] - RE[a, tx + 1]
+                    V[4 * a + 1, ch, t0 + tx] = RO[a, tx] + RE[a, tx + 1]
+                    V[4 * a + 2, ch, t0 + tx] = RE[a, tx + 1] - RO[a, tx]
+                    V[4 * a + 3, ch, t0 + tx] = RO[a, tx] - RO[a, tx + 1]
+
+
+@jit
+def _wino_output(M, Th, Tw, out):
+    """out[o, 2ty + u, 2tx + v] = (A^T m A)[u, v] / 4 of the tile products m = M[:, o, ty*Tw + tx]
+    (exact integers below 2**31 in magnitude, as are all partial sums: int32 arithmetic);
+    out [O, 2Th, 2Tw]. A tile row is computed into four contiguous buffers (vectorises), then
+    interleaved."""
+    O = out.shape[0]
+    y00 = np.empty(Tw, dtype=np.int32)
+    y01 = np.empty(Tw, dtype=np.int32)
+    y10 = np.empty(Tw, dtype=np.int32)
+    y11 = np.empty(Tw, dtype=np.int32)
+    for o in range(O):
+        for ty in range(Th):
+            t0 = ty * Tw
+            for tx in range(Tw):
+                t = t0 + tx
+                a0 = np.int32(M[0, o, t]) + np.int32(M[4, o, t]) + np.int32(M[8, o, t])
+                a1 = np.int32(M[1, o, t]) + np.int32(M[5, o, t]) + np.int32(M[9, o, t])
+                a2 = np.int32(M[2, o, t]) + np.int32(M[6, o, t]) + np.int32(M[10, o, t])
+                a3 = np.int32(M[3, o, t]) + np.int32(M[7, o, t]) + np.int32(M[11, o, t])
+                b0 = np.int32(M[4, o, t]) - np.int32(M[8, o, t]) - np.int32(M[12, o, t])
+                b1 = np.int32(M[5, o, t]) - np.int32(M[9, o, t]) - np.int32(M[13, o, t])
+                b2 = np.int32(M[6, o, t]) - np.int32(M[10, o, t]) - np.int32(M[14, o, t])
+                b3 = np.int32(M[7, o, t]) - np.int32(M[11, o, t]) - np.int32(M[15, o, t])
+                y00[tx] = (a0 + a1 + a2) >> 2
+                y01[tx] = (a1 - a2 - a3) >> 2
+                y10[tx] = (b0 + b1 + b2) >> 2
+                y11[tx] = (b1 - b2 - b3) >> 2
+            for tx in range(Tw):
+                out[o, 2 * ty, 2 * tx] = y00[tx]
+                out[o, 2 * ty, 2 * tx + 1] = y01[tx]
+                out[o, 2 * ty + 1, 2 * tx] = y10[tx]
+                out[o, 2 * ty + 1, 2 * tx + 1] = y11[tx]
 
 
 class _Winograd:
@@ -287,15 +366,12 @@ class _Winograd:
         self.S = int(absu.sum(axis=2).max()) if U.size else 0           # max Σ_c |U|
         self.tot = int(absu.sum(axis=(0, 2)).max()) if U.size else 0    # max_o Σ_{xi,nu,c} |U|
         self.umax = int(absu.max()) if U.size else 0
-        # bound of the first output-transform stage (M0 + M1 + M2 or M1 - M2 - M3 over xi)
-        a3 = absu.sum(axis=2).reshape(4, 4, O)
-        self.S1 = int(np.maximum(a3[:3].sum(axis=0), a3[1:].sum(axis=0)).max()) if U.size else 0
         self.U = U.astype(np.int16 if self.umax < (1 << 15) else np.int64)
-        self._plans: dict[int, _WinoEngine | None] = {}
+        self._plans: dict[int, list | None] = {}
 
-    def engine(self, key: int) -> "_WinoEngine | None":
-        """Chunks [(c0, c1, U chunk float32 [16, O, c1 - c0])] for inputs |x'| <= key (and whether
-        the first output stage is exact in float32), or None if the bounds do not hold."""
+    def engine(self, key: int) -> "list | None":
+        """Chunks [(c0, c1, U chunk float32 [16, O, c1 - c0])] for inputs |x'| <= key, or None if
+        the bounds do not hold."""
         if key not in self._plans:
             vkey = 4 * key
             eng = None
@@ -304,73 +380,30 @@ class _Winograd:
                 bounds = [(0, self.C)] if total <= _F24 else _greedy_chunks(
                     self.U.reshape(-1, self.C), vkey, self.umax, total)
                 if bounds is not None:
-                    eng = _WinoEngine(
-                        [(c0, c1, np.ascontiguousarray(self.U[:, :, c0:c1], dtype=np.float32))
-                         for c0, c1 in bounds],
-                        len(bounds) == 1 and vkey * self.S1 <= _F24)
+                    eng = [(c0, c1, np.ascontiguousarray(self.U[:, :, c0:c1], dtype=np.float32))
+                           for c0, c1 in bounds]
             self._plans[key] = eng
         return self._plans[key]
 
-    def run(self, x, eng: "_WinoEngine", c, fill, pads, OH, OW) -> np.ndarray:
-        """Accumulator without bias, int32 [N, O, OH, OW] (a view)."""
-        chunks = eng.chunks
+    def run(self, x, chunks: list, c, fill, pads, OH, OW) -> np.ndarray:
+        """Accumulator without bias, int32 [N, O, OH, OW] (a window of [N, O, 2Th, 2Tw])."""
         N, C, H, W = x.shape
-        O = self.O
         pl, pr, pt, pb = pads
         Th, Tw = (OH + 1) // 2, (OW + 1) // 2
-        Tw1 = Tw + 1                        # one junk tile column per tile row ("wide" layout)
-        Tq = Th * Tw1
-        L = C * Tq
-        f32 = np.float32
-        P = np.empty((2, 2, C, Th + 1, Tw1), dtype=f32)      # phases of the padded input
-        R = np.empty((4, 2, L + 1), dtype=f32)                # row transform, flat, + 1 slack
-        R[:, :, L] = 0
-        R5 = R[:, :, :L].reshape(4, 2, C, Th, Tw1)
-        V = np.empty((4, 4, L), dtype=f32)
-        Vm = V.reshape(16, C, Tq)
-        M = np.empty((16, O, Tq), dtype=f32)
-        Mi = np.empty((16, O, Tq), dtype=np.int32) if len(chunks) > 1 else None
-        S = np.empty((2, 4, O, Tq), dtype=f32 if eng.stage1_f32 else np.int32)
-        Y = np.empty((2, 2, O, Tq), dtype=np.int32)
-        Yv = Y.reshape(2, 2, O, Th, Tw1)[..., :Tw]
-        acc = np.empty((N, O, 2 * Th, 2 * Tw), dtype=np.int32)
-        i32 = dict(dtype=np.int32, casting="unsafe")
-        s1 = {} if eng.stage1_f32 else i32
+        V = np.empty((16, C, Th * Tw), dtype=np.float32)
+        M = np.empty((16, self.O, Th * Tw), dtype=np.float32)
+        Msum = np.empty(M.shape, dtype=np.float64) if len(chunks) > 1 else None
+        acc = np.empty((N, self.O, 2 * Th, 2 * Tw), dtype=np.int32)
         for n in range(N):
-            for a in (0, 1):
-                for b in (0, 1):
-                    _phase(x[n], a, b, 2, 2, pt, pl, Th + 1, Tw1, fill, c, f32, out=P[a, b])
-            # tile rows: d0 = P[0][ty], d1 = P[1][ty], d2 = P[0][ty+1], d3 = P[1][ty+1]
-            A0, A1 = P[0], P[1]
-            np.subtract(A0[:, :, :Th], A0[:, :, 1:], out=R5[0])
-            np.add(A1[:, :, :Th], A0[:, :, 1:], out=R5[1])
-            np.subtract(A0[:, :, 1:], A1[:, :, :Th], out=R5[2])
-            np.subtract(A1[:, :, :Th], A1[:, :, 1:], out=R5[3])
-            # tile columns, on the flat rows: e0 = E[j], e1 = Od[j], e2 = E[j+1], e3 = Od[j+1]
-            E, Od = R[:, 0], R[:, 1]
-            np.subtract(E[:, :L], E[:, 1:], out=V[:, 0])
-            np.add(Od[:, :L], E[:, 1:], out=V[:, 1])
-            np.subtract(E[:, 1:], Od[:, :L], out=V[:, 2])
-            np.subtract(Od[:, :L], Od[:, 1:], out=V[:, 3])
+            _wino_input_tiles(x[n], int(c), np.float32(fill), pt, pl, Th, Tw, V)
             for i, (c0, c1, u) in enumerate(chunks):
-                np.matmul(u, Vm[:, c0:c1], out=M)
-                if Mi is not None:
+                np.matmul(u, V[:, c0:c1], out=M)
+                if Msum is not None:                      # chunk sums: exact in float64
                     if i == 0:
-                        np.copyto(Mi, M, casting="unsafe")
+                        np.copyto(Msum, M)
                     else:
-                        np.add(Mi, M, out=Mi, **i32)
-            # output transform: over xi (float32 when exact, else int32), then over nu (int32)
-            m4 = (M if Mi is None else Mi).reshape(4, 4, O, Tq)
-            np.add(m4[1], m4[2], out=S[0], **s1)
-            np.add(S[0], m4[0], out=S[0], **s1)
-            np.subtract(m4[1], m4[2], out=S[1], **s1)
-            np.subtract(S[1], m4[3], out=S[1], **s1)
-            np.add(S[:, 1], S[:, 2], out=Y[:, 0], **i32)
-            np.add(Y[:, 0], S[:, 0], out=Y[:, 0], **i32)
-            np.subtract(S[:, 1], S[:, 2], out=Y[:, 1], **i32)
-            np.subtract(Y[:, 1], S[:, 3], out=Y[:, 1], **i32)
-            # interleave the 2x2 tiles and divide by 4 (exact: Y holds 4 * y)
-            np.right_shift(Yv, 2, out=acc[n].reshape(O, Th, 2, Tw, 2).transpose(2, 4, 0, 1, 3))
+                        Msum += M
+            _wino_output(M if Msum is None else Msum, Th, Tw, acc[n])
         return acc[:, :, :OH, :OW]
 
 
