@@ -50,7 +50,7 @@ from numpy.lib.stride_tricks import as_strided
 from ..compiler.fixed_point import jit, pair
 
 __all__ = ["conv_out_size", "conv2d_acc", "fc_acc", "pool_sum", "maxpool", "ConvPlan", "FcPlan",
-           "AccParts"]
+           "AccParts", "BYTE_TYPES", "byte_grid", "pair_lookup"]
 
 _F24 = (1 << 24) - 1
 _F53 = 1 << 53
@@ -679,6 +679,30 @@ def fc_acc(x, w, bias=None) -> np.ndarray:
     if w.ndim != 2 or x.shape[-1] != w.shape[1]:
         raise ValueError(f"fc_acc: x {x.shape} and w {w.shape} do not match")
     return FcPlan(w, bias)(x)
+
+
+BYTE_TYPES = (np.dtype(np.int8), np.dtype(np.uint8))
+
+
+def byte_grid(dtype) -> np.ndarray:
+    """All 256 values of a one-byte integer dtype, in increasing order."""
+    info = np.iinfo(dtype)
+    return np.arange(info.min, info.max + 1).astype(dtype)
+
+
+def pair_lookup(x: np.ndarray, y: np.ndarray, table: np.ndarray) -> np.ndarray:
+    """``table[(x - min) * 256 + (y - min)]`` for same-shaped one-byte arrays x, y (min of each
+    dtype): a binary byte op evaluated through the table of its 65536 results."""
+    out = np.empty(x.shape, dtype=table.dtype)
+    _pair_lookup(np.ascontiguousarray(x).reshape(-1), np.ascontiguousarray(y).reshape(-1),
+                 int(np.iinfo(x.dtype).min), int(np.iinfo(y.dtype).min), table, out.reshape(-1))
+    return out
+
+
+@jit
+def _pair_lookup(x, y, xmin, ymin, table, out):
+    for i in range(x.size):
+        out[i] = table[(np.int64(x[i]) - xmin) * 256 + (np.int64(y[i]) - ymin)]
 
 
 def _window_view(xp, kernel, stride, dilation, OH, OW):

@@ -278,6 +278,35 @@ def _binary_ort(recipe, k, x, y, sa, za, sb, zb, sc, a):
                   a["output_zp"] + k, a["output_min"] + k, a["output_max"] + k) - k
 
 
+_PAIR_TABLE_MIN = 1 << 14       # outputs from which a binary byte op runs through its table
+
+
+def _pair_table(fn, direct=()):
+    """Run a binary op ``fn(args, rounding)`` through a 256 x 256 table of ``fn`` itself when both
+    operands are same-shaped int8 / uint8 arrays with at least _PAIR_TABLE_MIN elements (except
+    in the rounding modes ``direct``, where ``fn`` is a compiled loop already faster than a
+    lookup).
+
+    The result of such an op depends only on the pair of input bytes (its recipes are
+    elementwise, and ORT's broadcast span mode is "general" for any same-shape pair), so
+    evaluating ``fn`` once over all 65536 pairs and looking outputs up gives the identical
+    result in one cheap pass. Tables are kept per op, rounding mode and input dtypes."""
+    tables = {}
+
+    def run(args, rounding):
+        x, y = args
+        if (rounding in direct or x.shape != y.shape or x.dtype not in kernels.BYTE_TYPES or y.dtype not in kernels.BYTE_TYPES
+                or x.size < _PAIR_TABLE_MIN):
+            return fn(args, rounding)
+        key = (rounding, x.dtype, y.dtype)
+        if key not in tables:
+            gx, gy = kernels.byte_grid(x.dtype), kernels.byte_grid(y.dtype)
+            tables[key] = np.ascontiguousarray(fn([np.repeat(gx, 256), np.tile(gy, 256)], rounding))
+        return kernels.pair_lookup(x, y, tables[key])
+    run.explain = fn.explain
+    return run
+
+
 def _add(op, folder, rtype):
     a = torq_hl.op_attrs(op)
     za, zb = (int(v) for v in a["input_zps"])
@@ -303,7 +332,7 @@ def _add(op, folder, rtype):
         causes = fixed_point.explain_add_diffs(x[mask], y[mask], sa, za, sb_, zb, sc) if mask.any() else {}
         return ort_out.size, int(mask.sum()), mx, causes
     fn.explain = explain
-    return fn
+    return _pair_table(fn, direct=("native",))
 
 
 def _avgpool(op, folder, rtype):
@@ -411,7 +440,7 @@ def _int_mul(a, rtype):
         p = (x[mask].astype(np.int64) - za) * (y[mask].astype(np.int64) - zb)
         return ort_out.size, int(mask.sum()), mx, fixed_point.explain_diffs(p, ((float(sa), float(sb)), (float(sc),)))
     fn.explain = explain
-    return fn
+    return _pair_table(fn)
 
 
 def _fma(op, folder, rtype):
