@@ -209,6 +209,10 @@ def main(argv=None) -> int:
           f"{os.cpu_count()} CPUs; {args.rounds} interleaved rounds")
     print(cpu_summary())
     print("NSS: " + blas_summary())
+    if os.environ.get("OPENBLAS_CORETYPE") and "avx512f+" in cpu_summary():
+        print(f"  note: OPENBLAS_CORETYPE={os.environ['OPENBLAS_CORETYPE']} forces those kernels on this AVX-512 CPU; "
+              "to measure with the CPU's own run: env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE "
+              ".venv/bin/python benchmarks/nss_speed.py")
 
     with tempfile.TemporaryDirectory(prefix="torq-nss-speed-") as tmp, Progress(
             TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),

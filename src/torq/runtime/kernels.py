@@ -1,4 +1,5 @@
-"""Exact integer accumulation kernels for the NSS simulator (NCHW, pure numpy).
+"""Exact integer accumulation kernels for the NSS simulator (NCHW; numpy + BLAS, and a few
+numba-compiled loops where numpy would need a chain of temporaries).
 
 These are the simulator's hot path. Every function returns the *exact* integer result; no
 rounding decision is made here (that is ``torq.compiler.fixed_point``'s job).
@@ -31,7 +32,12 @@ columns: the GEMM then also computes ``Wq - OW`` junk columns per output row, wh
 read). 1x1 convolutions with one phase need no column buffer at all. The GEMM output [O, L] is
 already NCHW. 3x3 / stride 1 / single-group convolutions with enough output (>= 32 2x2 tiles)
 use an exact integer Winograd F(2x2, 3x3) instead (16 instead of 36 multiplies per 2x2 output
-tile, see ``_Winograd``); if its bounds do not hold (wide inputs / weights) the GEMM path runs.
+tile, see ``_Winograd``; its input and output transforms are compiled loops, the 16 GEMMs
+BLAS); if its bounds do not hold (wide inputs / weights) the GEMM path runs.
+
+Compiled loops stay single-threaded on purpose: BLAS already uses every core for the GEMMs,
+and its worker threads spin for a while after each call, so a second thread pool fights them
+(measured: a 2-thread numba Winograd transform made ResNet-18 7x slower on 2 vCPUs).
 
 Depthwise convolutions are computed by summing KH*KW shifted slices (vectorised over channels),
 in float32 when KH*KW*max|x'|*max|w| < 2**24, else float64/int64.
