@@ -27,7 +27,10 @@ def check(q, expect: str | None, seeds=(0, 1)):
     # quantize_static leaves some lone ops (e.g. a QOperator GlobalAveragePool) in float: nothing to lower.
     assume(any(n.op_type in ("QuantizeLinear", "DequantizeLinear") or n.op_type.startswith("QLinear")
                for n in q.graph.node))
-    c = compile(q)
+    return check_compiled(compile(q), expect, seeds)
+
+
+def check_compiled(c, expect: str | None, seeds=(0, 1)):
     assert c.report.unsupported == [], [str(u) for u in c.report.unsupported]
     assert expect is None or c.report.lowered.get(expect, 0) >= 1, c.report.lowered
     text = c.ir("torq_hl")
@@ -120,7 +123,8 @@ def test_large_add_mul_run_through_their_pair_table(monkeypatch, op, fmt, act):
     from torq.runtime import nss
     shape = [1, 4, 72, 72]                                          # 20736 elements
     m = model([helper.make_node(op, ["a", "b"], ["y"])], [("a", shape), ("b", shape)], ["y"], {})
-    c = check(quantize(m, {"a": shape, "b": shape}, fmt, False, act, seed=3, lo=-2.0, hi=1.5), op.lower())
+    c = check_compiled(compile(quantize(m, {"a": shape, "b": shape}, fmt, False, act, seed=3, lo=-2.0, hi=1.5)),
+                       op.lower())
     feeds = random_inputs(c.model, seed=5)
     from torq.runtime import kernels
     calls = []
