@@ -361,7 +361,7 @@ def _contiguous_rows(a4: np.ndarray) -> np.ndarray:
     P, C, M, L = a4.shape
     it = a4.itemsize
     s0, s1, s2, s3 = a4.strides
-    if s3 == it and s2 % it == 0 and s2 >= L * it and s1 % s2 == 0 and s1 >= M * s2 and (
+    if s3 == it and s2 > 0 and s2 % it == 0 and s2 >= L * it and s1 % s2 == 0 and s1 >= M * s2 and (
             P == 1 or s0 == C * s1) and (C == 1 or s1 > 0):
         W, Mf = s2 // it, s1 // s2
         return np.lib.stride_tricks.as_strided(a4, (P, C, Mf, W), (C * s1, s1, s2, it), writeable=False)
