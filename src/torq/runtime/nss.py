@@ -295,8 +295,8 @@ def _pair_table(fn, direct=()):
 
     def run(args, rounding):
         x, y = args
-        if (rounding in direct or x.shape != y.shape or x.dtype not in kernels.BYTE_TYPES or y.dtype not in kernels.BYTE_TYPES
-                or x.size < _PAIR_TABLE_MIN):
+        if (rounding in direct or x.shape != y.shape or x.size < _PAIR_TABLE_MIN
+                or x.dtype not in kernels.BYTE_TYPES or y.dtype not in kernels.BYTE_TYPES):
             return fn(args, rounding)
         key = (rounding, x.dtype, y.dtype)
         if key not in tables:
