@@ -561,15 +561,12 @@ def test_qlinearconv_resnet_layer_vs_ort():
 
 # ----------------------------------------------------------------------------- MatMul / QGemm
 
-@settings(max_examples=150, **SETTINGS)
-@given(st.integers(1, 16), st.sampled_from([1, 8, 27, 64, 200, 513]), st.integers(1, 40),
-       st.sampled_from([np.uint8, np.int8]), st.booleans(), st.booleans(), st.integers(0, 9),
-       st.integers(0, 2 ** 32 - 1))
-def test_qlinearmatmul_vs_ort(M, K, Nn, xt, per_col, batched, dyadic_roll, seed):
-    rng = np.random.default_rng(seed)
-    dyadic = dyadic_roll < 3
+def _matmul_operands(rng, a_shape, Nn, xt, per_col, dyadic):
+    """Random QLinearMatMul / QGemm operands: a [..., K] (xt), b [K, N] int8, zero points, scales
+    (per column or per tensor; a per-tensor b zero point half the time) and w' = (b - bz)^T."""
     qmin, qmax = qrange(xt)
-    a = rand_q(rng, ((2, M, K) if batched else (M, K)), xt)
+    K = a_shape[-1]
+    a = rand_q(rng, a_shape, xt)
     b = rng.integers(-127, 128, size=(K, Nn)).astype(np.int8)
     az, yz = xt(rng.integers(qmin, qmax + 1)), xt(rng.integers(qmin, qmax + 1))
     xs = pick_scale(rng, -3, -1, dyadic)
@@ -580,6 +577,19 @@ def test_qlinearmatmul_vs_ort(M, K, Nn, xt, per_col, batched, dyadic_roll, seed)
         bs = pick_scale(rng, -3, -1.3, dyadic)
         bz = np.int8(rng.integers(-8, 9) if rng.random() < 0.5 else 0)
     w_adj = (b.astype(np.int16) - np.asarray(bz, np.int16)).T           # [N, K]
+    return a, b, az, yz, xs, bs, bz, w_adj
+
+
+@settings(max_examples=150, **SETTINGS)
+@given(st.integers(1, 16), st.sampled_from([1, 8, 27, 64, 200, 513]), st.integers(1, 40),
+       st.sampled_from([np.uint8, np.int8]), st.booleans(), st.booleans(), st.integers(0, 9),
+       st.integers(0, 2 ** 32 - 1))
+def test_qlinearmatmul_vs_ort(M, K, Nn, xt, per_col, batched, dyadic_roll, seed):
+    rng = np.random.default_rng(seed)
+    dyadic = dyadic_roll < 3
+    qmin, qmax = qrange(xt)
+    a, b, az, yz, xs, bs, bz, w_adj = _matmul_operands(rng, (2, M, K) if batched else (M, K), Nn, xt,
+                                                       per_col, dyadic)
     bias_adj = -int(az) * w_adj.astype(np.int64).sum(axis=1)
     acc = kernels.fc_acc(a, w_adj, bias_adj)                            # [..., N]
     spread = float(np.abs(acc).mean() + 1) * float(xs) * float(np.max(bs))
@@ -605,18 +615,8 @@ def test_qgemm_vs_ort(M, K, Nn, xt, per_col, trans_b, with_bias, alpha, dyadic_r
     rng = np.random.default_rng(seed)
     dyadic = dyadic_roll < 3
     qmin, qmax = qrange(xt)
-    a = rand_q(rng, (M, K), xt)
-    b = rng.integers(-127, 128, size=(K, Nn)).astype(np.int8)
-    az, yz = xt(rng.integers(qmin, qmax + 1)), xt(rng.integers(qmin, qmax + 1))
-    xs = pick_scale(rng, -3, -1, dyadic)
-    if per_col:
-        bs = np.array([pick_scale(rng, -3, -1.3, dyadic) for _ in range(Nn)], F32)
-        bz = np.zeros(Nn, np.int8)
-    else:
-        bs = pick_scale(rng, -3, -1.3, dyadic)
-        bz = np.int8(rng.integers(-8, 9) if rng.random() < 0.5 else 0)
+    a, b, az, yz, xs, bs, bz, w_adj = _matmul_operands(rng, (M, K), Nn, xt, per_col, dyadic)
     bias = rng.integers(-20000, 20000, size=Nn).astype(np.int32)
-    w_adj = (b.astype(np.int16) - np.asarray(bz, np.int16)).T
     bias_adj = (bias.astype(np.int64) if with_bias else 0) - int(az) * w_adj.astype(
         np.int64).sum(axis=1)
     acc = kernels.fc_acc(a, w_adj, bias_adj)
@@ -635,9 +635,7 @@ def test_qgemm_vs_ort(M, K, Nn, xt, per_col, trans_b, with_bias, alpha, dyadic_r
     key = "qgemm" + ("_po2" if dyadic else "")
     assert_exact(key, y_ort, y)
     # native: the real rescale is alpha*xs*ws/ys (alpha as a float32 value, like the model)
-    s64 = fp.native_conv_scale(xs, bs, ys) * float(F32(alpha))
-    mult, shift = (fp.multiplier_and_shift(float(s64)) if s64.ndim == 0
-                   else fp.per_channel_multipliers(s64))
+    mult, shift = fp.scale_multipliers(fp.native_conv_scale(xs, bs, ys) * float(F32(alpha)))
     y_nat = fp.act_native(acc, mult, shift, int(yz), qmin, qmax, axis=-1)
     bsv = np.broadcast_to(np.asarray(bs, F32), (Nn,))
     check_native(key, y, y_nat, lambda idx: fp.explain_diffs(

@@ -45,7 +45,7 @@ import numpy as np
 __all__ = [
     "INT32_MIN", "INT32_MAX", "MAX_SHIFT", "SHIFT_STEP", "ZERO_SCALE_SHIFT",
     "llround", "multiplier_and_shift", "per_channel_multipliers", "native_conv_scale",
-    "rescale_multipliers", "act_native", "act_native_parts", "ntp_shift",
+    "rescale_multipliers", "scale_multipliers", "act_native", "act_native_parts", "ntp_shift",
     "ort_conv_scale", "ort_qgemm_scale", "requant_ort", "requant_ort_parts", "fma32",
     "ort_broadcast_mode",
     "add_ort", "add_multipliers", "add_native",
@@ -181,7 +181,12 @@ def rescale_multipliers(xs, ws, ys) -> tuple[np.ndarray | int, int]:
 
     Per-tensor ``ws`` -> (int, shift); per-channel ``ws`` -> (int64 array, shared shift).
     """
-    s = native_conv_scale(xs, ws, ys)
+    return scale_multipliers(native_conv_scale(xs, ws, ys))
+
+
+def scale_multipliers(scale) -> tuple[np.ndarray | int, int]:
+    """(multiplier, shift) of a scalar rescale; (int64 multipliers, shared shift) of a vector."""
+    s = np.asarray(scale, dtype=_F64)
     if s.ndim == 0:
         return multiplier_and_shift(float(s))
     return per_channel_multipliers(s)
