@@ -149,9 +149,9 @@ def profile_nss(program, x, top: int) -> str:
 def step_times(program, x, reps: int) -> str:
     """Median time of every NSS step (native rounding) over ``reps`` whole-program runs: totals
     per op kind, then the slowest steps with their operand shapes."""
-    per_step: list[list[float]] = [[] for _ in program.steps]
-    shapes: list[str] = [""] * len(program.steps)
-    saved = [st.fn for st in program.steps]
+    per_step: list[list[float]] = [[] for _ in program.kernels]
+    shapes: list[str] = [""] * len(program.kernels)
+    saved = [st.fn for st in program.kernels]
 
     def timed(i, fn):
         def run(args, rounding):
@@ -162,24 +162,24 @@ def step_times(program, x, reps: int) -> str:
             return out
         return run
     try:
-        for i, st in enumerate(program.steps):
+        for i, st in enumerate(program.kernels):
             st.fn = timed(i, st.fn)
         for _ in range(reps):
             program.run([x], "native")
     finally:
-        for st, fn in zip(program.steps, saved):
+        for st, fn in zip(program.kernels, saved):
             st.fn = fn
     med = [statistics.median(t) * 1e3 for t in per_step]
     total = sum(med)
     kinds: dict[str, list[float]] = {}
-    for st, m in zip(program.steps, med):
-        kinds.setdefault(st.name, []).append(m)
+    for st, m in zip(program.kernels, med):
+        kinds.setdefault(st.step.op, []).append(m)
     lines = [f"sum of step medians {total:.1f} ms; per op kind:"]
     for name, ms in sorted(kinds.items(), key=lambda kv: -sum(kv[1])):
         lines.append(f"  {name:28s}{len(ms):4d} steps {sum(ms):8.2f} ms {100 * sum(ms) / total:5.1f} %")
     lines.append("slowest steps (operand shapes):")
     for i in sorted(range(len(med)), key=lambda i: -med[i])[:12]:
-        lines.append(f"  #{i:<3d} {program.steps[i].name:24s}{med[i]:7.2f} ms  {shapes[i]}")
+        lines.append(f"  #{i:<3d} {program.kernels[i].step.op:24s}{med[i]:7.2f} ms  {shapes[i]}")
     return "\n".join(lines)
 
 
@@ -232,9 +232,9 @@ def main(argv=None) -> int:
         if compiled.report.unsupported:
             print("not every op lowered:", *map(str, compiled.report.unsupported), sep="\n  ")
             return 1
-        bar.update(setup, advance=1, description="build NSS program")
+        bar.update(setup, advance=1, description="bind NSS kernels")
         t0 = time.perf_counter()
-        program = compiled.program
+        program = compiled.simulator
         t_program = time.perf_counter() - t0
         bar.update(setup, advance=1, description="ORT sessions")
         sessions = {
@@ -283,8 +283,8 @@ def main(argv=None) -> int:
     print()
     print(f"quantization (torq.quantize)  {t_quant:7.2f} s")
     print(f"compile (torq.compile)        {t_compile:7.2f} s = ONNX load+import {tm['import_s']:.2f} s"
-          f" + linalg {tm['linalg_s']:.2f} s + torq_hl {tm['torq_hl_s']:.2f} s")
-    print(f"NSS program build             {t_program:7.2f} s (first access of compiled.program)")
+          f" + linalg {tm['linalg_s']:.2f} s + torq_hl {tm['torq_hl_s']:.2f} s + program {tm['program_s']:.2f} s")
+    print(f"NSS kernel binding            {t_program:7.2f} s (first access of compiled.simulator)")
     print(f"lowered to torq_hl: " + ", ".join(f"{k}×{v}" for k, v in sorted(compiled.report.lowered.items())))
     for name, ks in kernels.items():
         print(f"{name + ' runs:':26s}{ks}")

@@ -16,8 +16,6 @@ import onnx
 
 from ..errors import TorqError
 
-STAGES = ("torch_onnx", "torch", "linalg")
-
 TORCH_PIPELINE = "builtin.module(torch-onnx-to-torch-backend-pipeline)"
 LINALG_PIPELINE = "builtin.module(torch-backend-to-linalg-on-tensors-backend-pipeline)"
 CLEANUP_PIPELINE = "builtin.module(func.func(canonicalize,cse))"
