@@ -64,6 +64,8 @@ class Port:
     dtype: str                           # element type inside the program ("i8" for shifted uint8)
     shape: tuple
     uint8: bool = False                  # the ONNX model has uint8 here (shifted by numerics.UINT8_SHIFT)
+    scale: float | None = None           # quantization of an integer graph I/O (full-integer models),
+    zero_point: int | None = None        # in the ONNX model's own dtype (uint8 zero points unshifted)
 
     @property
     def onnx_dtype(self) -> np.dtype:
@@ -159,7 +161,8 @@ class Program:
 
 
 def _port_json(p: Port) -> dict:
-    return {"name": p.name, "slot": p.slot, "dtype": p.dtype, "shape": list(p.shape), "uint8": p.uint8}
+    return {"name": p.name, "slot": p.slot, "dtype": p.dtype, "shape": list(p.shape), "uint8": p.uint8,
+            "scale": p.scale, "zero_point": p.zero_point}
 
 
 def _from_manifest(m: dict, arrays: dict) -> Program:
@@ -171,7 +174,8 @@ def _from_manifest(m: dict, arrays: dict) -> Program:
         return v
 
     def port(d):
-        return Port(str(d["name"]), int(d["slot"]), str(d["dtype"]), tuple(d["shape"]), bool(d["uint8"]))
+        return Port(str(d["name"]), int(d["slot"]), str(d["dtype"]), tuple(d["shape"]), bool(d["uint8"]),
+                    d["scale"], d["zero_point"])
 
     steps = [Step(str(s["op"]), [int(a) for a in s["args"]], int(s["out"]),
                   {k: get(v) for k, v in s["attrs"].items()}, tuple(s["shape"]), str(s["dtype"]),

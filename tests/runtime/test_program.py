@@ -36,6 +36,10 @@ def test_program_describes_the_model(compiled):
     p = compiled.program
     assert [x.name for x in p.inputs] == compiled.input_names
     assert p.inputs[0].uint8 and p.inputs[0].dtype == "i8" and p.inputs[0].onnx_dtype == np.uint8
+    from torq.quantize import io_quant_params
+    q = io_quant_params(compiled.model)["inputs"]["x"]
+    assert (p.inputs[0].scale, p.inputs[0].zero_point) == (q["scale"], q["zero_point"])
+    assert 0 <= p.inputs[0].zero_point <= 255 and p.outputs[0].scale > 0
     conv = [s for s in p.steps if s.op == "torq_hl.conv2d"]
     assert len(conv) == 1 and conv[0].onnx_op == "Conv" and ":" in conv[0].location
     assert conv[0].shape == (1, 8, 8, 8) and conv[0].dtype == "i8"

@@ -18,10 +18,18 @@ from .lowering import DATA_MOVEMENT, Unsupported, func_ops
 
 
 def emit_program(module, unsupported: list[Unsupported] = (), onnx_ops: dict | None = None,
-                 input_names=(), output_names=(), uint8_inputs=(), uint8_outputs=()) -> Program:
-    """The Program of `module` (torq_hl + data movement only). `onnx_ops`: "LINE:COL" -> ONNX op."""
-    return _Emitter(module, unsupported, onnx_ops or {}).program(
+                 input_names=(), output_names=(), uint8_inputs=(), uint8_outputs=(), io_quant=None) -> Program:
+    """The Program of `module` (torq_hl + data movement only). `onnx_ops`: "LINE:COL" -> ONNX op;
+    `io_quant`: {"inputs"|"outputs": {name: {"scale", "zero_point"}}} of integer graph I/O."""
+    program = _Emitter(module, unsupported, onnx_ops or {}).program(
         list(input_names), list(output_names), set(uint8_inputs), set(uint8_outputs))
+    io_quant = io_quant or {}
+    for ports, key in ((program.inputs, "inputs"), (program.outputs, "outputs")):
+        for p in ports:
+            q = io_quant.get(key, {}).get(p.name)
+            if q is not None:
+                p.scale, p.zero_point = q["scale"], q["zero_point"]
+    return program
 
 
 class _Emitter:

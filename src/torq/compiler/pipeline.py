@@ -20,6 +20,7 @@ from ..graph import signedness
 from ..graph.canonicalize import canonicalize
 from ..graph.load import load_model
 from ..program import Program
+from ..quantize.full_integer import io_quant_params
 from . import importer, lowering
 from .emit import emit_program
 
@@ -102,7 +103,8 @@ def compile(model, debug_ir: str | os.PathLike | None = None, name: str | None =
     ins, outs = _graph_io(model)
     program, why = None, None
     try:
-        program = emit_program(module, report.unsupported, onnx_ops, ins, outs, u8_in, u8_out)
+        program = emit_program(module, report.unsupported, onnx_ops, ins, outs, u8_in, u8_out,
+                               io_quant_params(original))
     except TorqError as e:
         why = str(e)
     t4 = time.perf_counter()
