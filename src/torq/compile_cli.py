@@ -20,10 +20,13 @@ EPILOG = """examples:
 
 --verify-against-ort feeds random inputs (--seed) to the NSS simulator and to ONNX Runtime
 (default graph optimisation + session.qdqisint8allowed=1, i.e. ORT's integer kernels) and prints,
-per output, max |delta| in LSB and the number of differing elements; then, per rescaling op, how
-the native NPU rounding differs from ORT's on identical inputs and why (tie: exact .5, NTP rounds
-up where ORT rounds to even; near-tie: multiplier quantisation / float32 rounding; other: a bug).
-Exit 0 only if `ort` rounding is bit-exact and every native difference is <= 1 LSB and explained."""
+per output, max |delta| in LSB and the number of differing elements; then, per rescaling op and
+per rounding mode run, whether the output the simulator executed equals the plain formula of
+that mode, and how the native NPU rounding differs from ORT's on the same inputs and why (tie:
+exact .5, NTP rounds up where ORT rounds to even; near-tie: multiplier quantisation / float32
+rounding; other: a bug).
+Exit 0 only if `ort` rounding is bit-exact, every op executed its formula, and every native
+difference is <= 1 LSB and explained."""
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -75,7 +75,7 @@ def _print_op_checks(console, mode: str, ods: list) -> None:
     causes = compare.sum_causes(ods)
     differing = [od for od in ods if od.differ or od.mismatches]
     wrong = sum(1 for od in ods if od.mismatches)
-    console.print(f"{mode} run, op by op: {len(ods)} rescaling ops checked, {wrong} executed something else "
+    console.print(f"{mode} run, op by op: {len(ods)} rescaling ops checked, {wrong} executed something other "
                   f"than their formula; native vs ort rounding on this run's inputs: "
                   f"{sum(1 for od in ods if od.differ)} ops differ; causes: tie (NTP vs RNE) {causes['tie']}, "
                   f"near-tie (multiplier quantisation) {causes['near-tie']}, other {causes['other']}")
