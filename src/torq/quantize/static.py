@@ -39,6 +39,7 @@ from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, 
 from ..errors import TorqError, one_line
 from ..fileio import save_model
 from ..graph.load import is_quantized, load_model
+from ..graph.validate import validate
 from .calibration import make_reader
 from .full_integer import convert_to_full_integer
 
@@ -199,6 +200,7 @@ def quantize(model: str | os.PathLike | onnx.ModelProto, output: str | os.PathLi
     parse_quant_format(quant_format)
     src = load_model(model)
     where = str(model) if not isinstance(model, onnx.ModelProto) else "model"
+    validate(src, where, min_opset=7)   # ORT runs opsets >= 7 (and upgrades them to 11)
     if is_quantized(src):
         raise TorqError(f"{where}: model is already quantized (it has QuantizeLinear/DequantizeLinear, "
                         "QLinear* ops or int8 weights/IO); pass the fp32 model")
