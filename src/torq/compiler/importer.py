@@ -83,6 +83,11 @@ def operator_locations(text: str) -> list[tuple[str, str]]:
 
 def import_onnx(model: onnx.ModelProto) -> ImportedModel:
     """Import the model and lower it to linalg in an isolated child (see `isolation.py`)."""
+    import torch_mlir.dialects.torch  # noqa: F401 - loaded before the fork: the child
+    import torch_mlir.extras.onnx_importer  # noqa: F401 - starts warm and within its memory cap
+    import torch_mlir.passmanager  # noqa: F401
+
+    from . import torq_hl  # noqa: F401
     from .isolation import run_isolated
     return run_isolated(import_and_lower, model)
 

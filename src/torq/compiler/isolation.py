@@ -50,6 +50,9 @@ def run_isolated(fn, model: onnx.ModelProto):
         raise TorqError(payload)
     if status == "bug":
         raise RuntimeError(payload)
+    if status == "memory":
+        raise NativeCrash(f"torch-mlir ran out of memory (address space capped at {payload >> 20} MiB; "
+                          "TORQ_COMPILE_MEM_MB raises the budget)", diag)
     culprit = _find_culprit(fn, model)
     raise NativeCrash(_crash_message(payload, culprit, diag), diag)
 
@@ -112,6 +115,8 @@ def _child(fn, model, w: int, diag_fd: int, cap: int) -> None:
             out = ("error", str(e))
         except MemoryError:
             out = ("memory", cap)
+        except ImportError as e:  # a native library that no longer fits under the cap
+            out = ("memory", cap) if "failed to map" in str(e) else ("bug", f"ImportError: {one_line(e)}")
         except Exception as e:  # noqa: BLE001 - a bug in the child: say what and where
             tb = traceback.extract_tb(e.__traceback__)[-1:]
             where = f" at {tb[0].filename.rsplit('/', 1)[-1]}:{tb[0].lineno}" if tb else ""
