@@ -113,3 +113,13 @@ def test_names_are_quoted_on_one_line():
     m = conv(group=0)
     m.graph.node[0].name = "evil\nname"
     assert "node 'evil\\nname' (Conv)" in refused(m)
+
+
+@pytest.mark.parametrize("value, shown", [(0.0, "is 0"), (-1.0, "is -1"), (1e-45, "is 1.4013e-45"),
+                                          (np.inf, "is inf"), (np.nan, "is nan")])
+def test_quantization_scales_positive_finite_normal(value, shown):
+    m = qconv()
+    q = next(n for n in nodes(m, "QuantizeLinear"))
+    scale = next(t for t in m.graph.initializer if t.name == q.input[1])
+    scale.CopyFrom(numpy_helper.from_array(np.asarray(value, np.float32), scale.name))
+    refused(m, f"node '{q.name}' (QuantizeLinear): scale '{scale.name}' {shown} (scales must be finite")

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import onnx
-from onnx import helper
+from onnx import TensorProto, helper, numpy_helper
 
 from ..errors import TorqError, quote
 
@@ -30,20 +31,25 @@ _AXIS_OPS = {"Concat", "QuantizeLinear", "DequantizeLinear", "Softmax", "LogSoft
              "Compress", "ScatterElements", "Scatter", "TopK", "Flatten", "QLinearSoftmax"}
 _AXES_OPS = {"ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1",
              "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare", "Squeeze", "Unsqueeze"}
+_FLOAT_TYPES = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE}
+_TINY = float(np.finfo(np.float32).tiny)
 _AUTO_PAD = {"NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID"}
 
 
 def validate(model: onnx.ModelProto, where: str = "model", min_opset: int = MIN_OPSET) -> None:
-    """Raise TorqError for the first attribute or dim native code must not see."""
+    """Raise TorqError for the first attribute, dim or scale native code must not see."""
     _check_opset(model, where, min_opset)
     shapes = _shapes(model)
     _check_input_dims(model, where)
     _check_value_dims(model, where)
     for graph in _graphs(model.graph):
+        inits = {t.name: t for t in graph.initializer}
         for i, node in enumerate(graph.node):
             label = f"{where}: node {quote(node.name or (node.output[0] if node.output else f'#{i}'))} " \
                     f"({node.op_type})"
             _check_node(node, shapes, label)
+            if _is_quant_op(node):
+                _check_scales(node, inits, label)
 
 
 def _check_opset(model: onnx.ModelProto, where: str, min_opset: int) -> None:
@@ -109,6 +115,23 @@ def _check_value_dims(model: onnx.ModelProto, where: str) -> None:
                 if d.HasField("dim_value") and not 0 <= d.dim_value <= MAX_DIM:
                     raise TorqError(f"{where}: value {quote(v.name)} declares dim {d.dim_value} "
                                     f"(each dim must be 0..{MAX_DIM})")
+
+
+def _is_quant_op(node: onnx.NodeProto) -> bool:
+    return node.op_type in ("QuantizeLinear", "DequantizeLinear", "QGemm") or node.op_type.startswith("QLinear")
+
+
+def _check_scales(node: onnx.NodeProto, inits: dict, label: str) -> None:
+    """Every float constant of a quantized op is a scale: positive, finite, a normal float32."""
+    for name in node.input:
+        t = inits.get(name)
+        if t is None or t.data_type not in _FLOAT_TYPES:
+            continue
+        values = numpy_helper.to_array(t).astype(np.float64).reshape(-1)
+        bad = values[~(np.isfinite(values) & (values >= _TINY))]
+        if bad.size:
+            raise TorqError(f"{label}: scale {quote(name)} is {bad[0]:g} (scales must be finite and at "
+                            f"least {_TINY:.3g})")
 
 
 def _attrs(node: onnx.NodeProto) -> dict:
