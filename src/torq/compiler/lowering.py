@@ -90,7 +90,7 @@ def _lower(module, ctx: Ctx) -> LoweringReport:
                 continue
             try:
                 new = rule.rewrite(ctx, root, m)
-            except ValueError as e:     # fixed_point refuses a constant the hardware cannot hold
+            except ValueError as e:     # numerics refuses a constant the hardware cannot hold
                 new = ctx.fail(root.op, str(e))
             if isinstance(new, Fail):
                 continue
