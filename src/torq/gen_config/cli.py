@@ -142,6 +142,7 @@ def _quiet_ort() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.argv = list(argv) if argv is not None else sys.argv[1:]   # for reproduction commands
     return run_main(PROG, lambda: args.func(args))
 
 

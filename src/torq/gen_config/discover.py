@@ -220,7 +220,7 @@ def options_from_args(args) -> DiscoverOptions:
         dedup=args.dedup_layers, timing_runs=args.timing_runs if timing else 0,
         recommend_by_timing=args.recommend_by_timing, subgraph=(args.subgraph_from, args.subgraph_to),
         recompute_cache=args.recompute_cache, debug_ir=args.debug_ir, repro_dir=args.repro_dir,
-        rounding=args.rounding, argv=sys.argv[1:])
+        rounding=args.rounding, argv=getattr(args, "argv", sys.argv[1:]))
 
 
 def cmd_discover(args) -> int:
