@@ -131,6 +131,17 @@ def test_skip_executors_and_dedup(tmp_path):
     assert r["discovery_report"]["summary"]["computed"] + r["discovery_report"]["summary"]["from_cache"] == 1
 
 
+def test_jobs_gives_the_same_report(tmp_path):
+    model = conv_chain(tmp_path / "chain2.onnx", middle="Relu")
+    reports = []
+    for jobs, sub in ((1, "serial"), (2, "parallel")):
+        assert cli("discover", "--model", model, "--output-dir", tmp_path / sub, *QFLAGS, "--skip-mode",
+                   "--recompute-cache", "--jobs", jobs) == 0
+        reports.append(json.loads((tmp_path / sub / "torq_gen_config_chain2.json").read_text()))
+    assert reports[0]["ops"] == reports[1]["ops"] and len(reports[0]["ops"]) == 3
+    assert reports[1]["discovery_report"]["summary"]["computed"] == 3
+
+
 def test_html_in_headless_chromium(done, tmp_path):
     model, d = done
     page = tmp_path / "map.html"

@@ -69,14 +69,22 @@ def test_iree_executors_bit_exact_on_a_layer_nss_refuses(tmp_path, executor):
     assert np.array_equal(outs["mid"], ref["mid"]) and ms >= 0
 
 
-def test_divergence_is_named(chain, capsys):
-    """An executor that is wrong by construction: a 0-LSB tolerance with native rounding on a
-    model whose native result is off by 1 somewhere names a layer; with --tolerance-lsb 0 and
-    ort rounding nothing is named."""
+def test_wrong_executor_is_caught_and_named(chain, monkeypatch, capsys):
+    """Injected fault: CSS returns outputs off by 3 LSB; run fails and names the HardSwish layer."""
     model, d = chain
-    code = cli("run", "--model", model, "--output-dir", d, *QFLAGS, "--tolerance-lsb", "0")
+    from torq.gen_config.executors import css
+    real = css.build
+
+    def off_by_three(compiled, **kw):
+        inner = real(compiled, **kw)
+
+        def run(inputs):
+            outs, ms = inner.run(inputs)
+            return {k: np.clip(v.astype(np.int16) + 3, -128, 127).astype(v.dtype) for k, v in outs.items()}, ms
+        return X.Runnable("css", run)
+    monkeypatch.setattr(css, "build", off_by_three)
+    assert cli("run", "--model", model, "--output-dir", d, *QFLAGS, "--rounding", "ort", "--tolerance-lsb", "1") == 1
     m = json.loads((d / "torq_gen_config_chain.json").read_text())["full_model_metrics"]
-    if m["max_abs_lsb"] == 0:
-        pytest.skip("native rounding happens to be exact on this model")
-    assert code == 1 and m["first_divergence"]["layer_id"] in {"Conv_conv0", "HardSwish_mid", "Conv_y"}
-    assert "first diverging layer" in capsys.readouterr().out
+    assert not m["passed"] and m["first_divergence"]["layer_id"] == "HardSwish_mid"
+    assert m["first_divergence"]["executor"] == "css"
+    assert "first diverging layer: HardSwish_mid on css" in capsys.readouterr().out

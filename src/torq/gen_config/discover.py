@@ -8,6 +8,8 @@ results are cached by content, so an interrupted discover simply resumes.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import multiprocessing
 import sys
 import time
 from dataclasses import dataclass, field
@@ -38,6 +40,7 @@ class DiscoverOptions:
     repro_dir: str | None = None
     rounding: str = "native"
     argv: list = field(default_factory=list)
+    jobs: int = 1
 
 
 @dataclass
@@ -99,22 +102,39 @@ def run_discovery(opts: DiscoverOptions, progress=None) -> tuple[dict, Path]:
     report = _start_report(path, stem, opts)
     places = mapping.map_layers([lay.op_type for lay in layers], locations(full))
     ctx = Context(opts, report, path, ResultCache(cache_dir(), opts.recompute_cache))
-    seen: dict = {}
-    for i, (layer, (k, loc)) in enumerate(zip(layers, places)):
-        if progress:
-            progress(i, len(layers), layer.id)
-        entry = report["ops"].setdefault(layer.id, {"executors": {}})
-        entry["_node_index"] = k if opts.quant.quantize else layer.node_index
-        entry["_orig_index"] = layer.node_index
-        entry["mlir_location"] = loc if loc else layer.op_type
-        _discover_layer(ctx, layer, entry, seen)
-        schema.summarize(report)
-        schema.save(report, path)
+    plan = _plan(ctx, layers)
+    tested = [lay for lay, why in zip(layers, plan) if why == "test"]
+    with _results(opts, [(opts, lay, schema.tolerance(report, lay.id)) for lay in tested]) as results:
+        for i, (layer, (k, loc), why) in enumerate(zip(layers, places, plan)):
+            if progress:
+                progress(i, len(layers), layer.id)
+            entry = report["ops"].setdefault(layer.id, {"executors": {}})
+            entry["_node_index"] = k if opts.quant.quantize else layer.node_index
+            entry["_orig_index"] = layer.node_index
+            entry["mlir_location"] = loc if loc else layer.op_type
+            _fill(ctx, layer, entry, why, results)
+            schema.summarize(report)
+            schema.save(report, path)
     if progress:
         progress(len(layers), len(layers), "")
     report["discovery_report"]["summary"].update(computed=ctx.computed, from_cache=ctx.cache.hits)
     schema.save(report, path)
     return report, path
+
+
+@contextlib.contextmanager
+def _results(opts: DiscoverOptions, work: list):
+    """Results of ``_test_executors`` in order: in process, or from ``--jobs`` worker processes."""
+    if opts.jobs <= 1 or len(work) < 2:
+        yield map(_work, work)
+        return
+    ctx = multiprocessing.get_context("spawn")   # MLIR contexts and numba threads do not survive fork
+    with ctx.Pool(min(opts.jobs, len(work))) as pool:
+        yield pool.imap(_work, work)
+
+
+def _work(args):
+    return _test_executors(*args)
 
 
 def _start_report(path: Path, stem: str, opts: DiscoverOptions) -> dict:
@@ -133,50 +153,62 @@ def _start_report(path: Path, stem: str, opts: DiscoverOptions) -> dict:
     return schema.new_report(stem, fingerprint)
 
 
-def _discover_layer(ctx: Context, layer, entry: dict, seen: dict) -> None:
-    opts = ctx.opts
-    if layer.op_type in opts.skip_ops:
-        entry["executors"] = {}
-        entry["recommended_executor"] = None
-        entry["skipped"] = "--skip-ops"
-        return
-    if opts.dedup:
-        from ..graph import signature_json
-        sig = signature_json(layer.model)
-        if sig in seen:
-            src = ctx.report["ops"][seen[sig]]
-            entry["executors"] = {e: dict(r) for e, r in src["executors"].items()}
-            entry["duplicate_of"] = seen[sig]
-            entry["recommended_executor"] = schema.recommend(entry["executors"], opts.recommend_by_timing)
-            return
-        seen[sig] = layer.id
+def _plan(ctx: Context, layers) -> list:
+    """Per layer: "skip" (--skip-ops), ("dup", source id) (--dedup-layers) or "test"."""
+    from ..graph import signature_json
+    plan, seen = [], {}
+    for layer in layers:
+        if layer.op_type in ctx.opts.skip_ops:
+            plan.append("skip")
+            continue
+        if ctx.opts.dedup:
+            sig = signature_json(layer.model)
+            if sig in seen:
+                plan.append(("dup", seen[sig]))
+                continue
+            seen[sig] = layer.id
+        plan.append("test")
+    return plan
+
+
+def _fill(ctx: Context, layer, entry: dict, why, results) -> None:
     entry.pop("duplicate_of", None)
-    entry["executors"] = _test_executors(ctx, layer)
-    entry["recommended_executor"] = schema.recommend(entry["executors"], opts.recommend_by_timing)
+    entry.pop("skipped", None)
+    if why == "skip":
+        entry.update(executors={}, recommended_executor=None, skipped="--skip-ops")
+        return
+    if why == "test":
+        entry["executors"], computed, hits = next(results)
+        ctx.computed += computed
+        ctx.cache.hits += hits
+    else:
+        src = ctx.report["ops"][why[1]]
+        entry["executors"] = {e: dict(r) for e, r in src["executors"].items()}
+        entry["duplicate_of"] = why[1]
+    entry["recommended_executor"] = schema.recommend(entry["executors"], ctx.opts.recommend_by_timing)
 
 
-def _test_executors(ctx: Context, layer) -> dict:
-    opts = ctx.opts
-    tol = schema.tolerance(ctx.report, layer.id)
+def _test_executors(opts: DiscoverOptions, layer, tol: dict) -> tuple[dict, int, int]:
+    """(results per executor, 1 if the layer was tested here else 0, cache hits). Runs in workers."""
+    cache = ResultCache(cache_dir(), opts.recompute_cache)
     flags = {"quant": opts.quant.kwargs() if opts.quant.quantize else None, "tol": tol,
              "timing_runs": opts.timing_runs, "rounding": opts.rounding, "seed": layer_test.SEED}
-    key = ctx.cache.key(layer.model.SerializeToString(), flags)
+    key = cache.key(layer.model.SerializeToString(), flags)
     prepared, results = None, {}
     for ex in [e for e in EXECUTOR_ORDER if e not in opts.skip_executors]:
-        r = ctx.cache.get(key, ex)
+        r = cache.get(key, ex)
         if r is None:
             if prepared is None:
                 prepared = layer_test.prepare(layer.model, opts.quant, opts.debug_ir, layer_test._safe(layer.id))
-                ctx.computed += 1
-            r = layer_test.run_executor(prepared, ex, tol, ctx.cache.root, opts.rounding, opts.timing_runs)
-            ctx.cache.put(key, ex, r)
+            r = layer_test.run_executor(prepared, ex, tol, cache.root, opts.rounding, opts.timing_runs)
+            cache.put(key, ex, r)
         results[ex] = r
         if opts.skip_mode and r["status"] == "success":
             break
     if opts.repro_dir and any(r["status"] != "success" for r in results.values()):
         prepared = prepared or layer_test.prepare(layer.model, opts.quant, None, "layer")
         layer_test.write_repro(Path(opts.repro_dir), layer.id, prepared, results, opts.argv)
-    return results
+    return results, int(prepared is not None), cache.hits
 
 
 # ----------------------------------------------------------------------------- CLI
@@ -203,10 +235,14 @@ def register(sub) -> None:
     p.add_argument("--recommend-by-timing", action="store_true",
                    help="recommend the fastest success instead of the first (implies --collect-timing)")
     p.add_argument("--repro-dir", metavar="DIR", help="a self-contained bundle for every layer that is not a success")
+    p.add_argument("--jobs", "-j", type=int, default=1, metavar="N",
+                   help="test layers in N worker processes (default 1; results and files are identical)")
     p.set_defaults(func=cmd_discover)
 
 
 def options_from_args(args) -> DiscoverOptions:
+    if args.jobs < 1:
+        raise TorqError(f"--jobs must be at least 1 (got {args.jobs})")
     if args.timing_runs < 1:
         raise TorqError(f"--timing-runs must be at least 1 (got {args.timing_runs})")
     model = Path(args.model)
@@ -220,7 +256,7 @@ def options_from_args(args) -> DiscoverOptions:
         dedup=args.dedup_layers, timing_runs=args.timing_runs if timing else 0,
         recommend_by_timing=args.recommend_by_timing, subgraph=(args.subgraph_from, args.subgraph_to),
         recompute_cache=args.recompute_cache, debug_ir=args.debug_ir, repro_dir=args.repro_dir,
-        rounding=args.rounding, argv=getattr(args, "argv", sys.argv[1:]))
+        rounding=args.rounding, argv=getattr(args, "argv", sys.argv[1:]), jobs=args.jobs)
 
 
 def cmd_discover(args) -> int:
