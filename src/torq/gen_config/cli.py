@@ -1,7 +1,7 @@
 """``torq-gen-config``: the user-facing CLI. One subparser + one ``_cmd_<name>(args)`` per subcommand.
 
-Adding a subcommand (``discover``, ``run``, ...): write ``_add_<name>(sub)`` that registers its
-parser with ``set_defaults(func=_cmd_<name>)``, and call it from ``build_parser``. Every error
+Adding a subcommand: a module with ``register(sub)`` that adds its parser with
+``set_defaults(func=...)``, and one ``<module>.register(sub)`` line in ``build_parser``. Every error
 goes through ``run_main``: one line on stderr, exit code 2, no traceback, no partial output.
 """
 from __future__ import annotations
@@ -32,13 +32,20 @@ def build_parser() -> argparse.ArgumentParser:
 
             subcommands:
               quantize   static int8 quantization of an fp32 ONNX model (ONNX Runtime)
-              discover   per-layer executor discovery (coming)
-              run        apply a discovered executor map to the whole model (coming)
+              discover   per-layer executor discovery: NSS simulator, CSS (IREE vmvx), HOST (IREE llvm-cpu)
+              run        apply the discovered executor map to the whole model, compare with ONNX Runtime
+              view       show a discovery report (table, one layer, or a self-contained HTML page)
+              edit       change a layer's executor or tolerance by hand
         """),
         epilog="Run '%(prog)s COMMAND --help' for the options of a subcommand.")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
+    from . import discover, edit, run, view
     _add_quantize(sub)
+    discover.register(sub)
+    run.register(sub)
+    view.register(sub)
+    edit.register(sub)
     return p
 
 
@@ -122,6 +129,7 @@ def _cmd_quantize(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.argv = list(argv) if argv is not None else sys.argv[1:]   # for reproduction commands
     return run_main(PROG, lambda: args.func(args))
 
 

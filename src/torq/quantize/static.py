@@ -188,12 +188,14 @@ def quantize(model: str | os.PathLike | onnx.ModelProto, output: str | os.PathLi
              calibration_data_reader=None, calibration_data: str | os.PathLike | None = None,
              num_calib: int = 20, per_channel: bool = False, full_integer: bool = False,
              quant_format: str = "qdq", quant_dtype: str = "A8W8",
-             calibrate_method: str = "minmax") -> onnx.ModelProto:
+             calibrate_method: str = "minmax", wrap_lone_ops: bool = False) -> onnx.ModelProto:
     """Statically quantize an fp32 ONNX model to int8 and return it (also written to ``output``).
 
     Calibration: ``calibration_data_reader`` (an ORT CalibrationDataReader, used as is), else
     ``calibration_data`` (.npz or folder of <input>.npy), else ``num_calib`` synthetic samples.
-    ``full_integer`` turns the float graph I/O into int8 (see ``full_integer.py``)."""
+    ``full_integer`` turns the float graph I/O into int8 (see ``full_integer.py``).
+    ``wrap_lone_ops``: when ORT quantizes nothing (a lone Relu, Flatten, ... layer), wrap the
+    model's float I/O in Q/DQ with calibrated ranges instead of refusing (``lone_ops.py``)."""
     # Validate every flag before the (slow) model work so a typo fails fast.
     activation_type, weight_type = parse_quant_dtype(quant_dtype)
     method = parse_calibrate_method(calibrate_method)
@@ -219,6 +221,10 @@ def quantize(model: str | os.PathLike | onnx.ModelProto, output: str | os.PathLi
             _rewind(reader)
             fmt = QuantFormat.QDQ
             q = _run_ort(tmp, reader, fmt, per_channel, activation_type, weight_type, method, where)
+    if not is_quantized(q) and wrap_lone_ops:
+        from .lone_ops import wrap_in_qdq
+        _rewind(reader)
+        q = wrap_in_qdq(src, reader, method, activation_type.tensor_type)
     if not is_quantized(q):
         raise TorqError(f"{where}: ONNX Runtime quantized nothing with --quant-format "
                         f"{parse_quant_format(quant_format)} (none of its ops has an int8 form "
