@@ -57,6 +57,13 @@ class NssEngine:
             raise TorqError(str(self.compiled.report.unsupported[0]))
         self.input = self.compiled.input_names[0]
         self.output = self.compiled.output_names[0]
+        self._warm_up()
+
+    def _warm_up(self) -> None:
+        """One zero batch: the simulator's compiled loops are built now, not during timing."""
+        shape = [d.dim_value for d in self.compiled.model.graph.input[0].type.tensor_type.shape.dim]
+        shape[0] = self.batch
+        self.compiled.run({self.input: np.zeros(shape, np.int8)}, rounding=self.rounding)
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         outs = []

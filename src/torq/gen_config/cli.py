@@ -38,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
 
             subcommands:
               quantize   static int8 quantization of an fp32 ONNX model (ONNX Runtime)
+              evaluate   accuracy of FP32 vs INT8 (ORT) vs INT8 (NSS) on labelled data
               discover   per-layer executor discovery (coming)
               run        apply a discovered executor map to the whole model (coming)
         """),
@@ -45,6 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
     _add_quantize(sub)
+    from ..evaluate.cli import register as _add_evaluate
+    _add_evaluate(sub)
     return p
 
 
