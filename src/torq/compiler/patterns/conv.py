@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import fixed_point
+from ... import numerics
 from .. import linalg_view as L
 from .common import Ctx, Root, constant, emit, scalar, strip_pad, pad_constant
 
@@ -179,7 +179,7 @@ def _per_channel(ctx: Ctx, root: Root):
             return ctx.fail(conv, "bias is not a dequantized int32 constant")
         bias = bq[0].astype(np.int64).reshape(O)
         bscale = L.channel_vector(bq[1], 0, O, np.float32)
-        expect = (np.float32(scalar(xs, "input scale")) * ws).astype(np.float32)
+        expect = numerics.dq_scale(scalar(xs, "input scale"), ws)
         if not np.allclose(bscale, expect, rtol=1e-6, atol=0):
             return ctx.fail(conv, "bias scale is not input_scale x weight_scale")
     elif ctx.const(init) is None or np.any(ctx.const(init) != 0):
@@ -188,7 +188,7 @@ def _per_channel(ctx: Ctx, root: Root):
         xs_s, in_zp_s = scalar(xs, "input scale"), scalar(in_zp, "input zero point")
     except ValueError as e:
         return ctx.fail(conv, str(e))
-    dq_scale = (np.float32(xs_s) * ws).astype(np.float32)
+    dq_scale = numerics.dq_scale(xs_s, ws)
     return ConvMatch("depthwise_conv2d" if depthwise else "conv2d", conv, x, w.astype(np.int64),
                      int(w_zp_v[0]), int(in_zp_s), bias, dq_scale, pad, stride, dilation, O if depthwise else groups)
 
@@ -211,7 +211,7 @@ class QConv2D:
     def rewrite(self, ctx: Ctx, root: Root, m: ConvMatch):
         from torch_mlir import ir
         ys = np.float32(root.q.scale)
-        mults, shift = fixed_point.per_channel_multipliers(fixed_point.native_conv_scale(m.dq_scale, 1.0, ys))
+        mults, shift = numerics.conv_rescale(m.dq_scale, ys)
         ip = ir.InsertionPoint(root.op)
         loc = m.conv.location
         if m.w_value is not None:
