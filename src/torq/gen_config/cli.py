@@ -36,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
               run        apply the discovered executor map to the whole model, compare with ONNX Runtime
               view       show a discovery report (table, one layer, or a self-contained HTML page)
               edit       change a layer's executor or tolerance by hand
+              evaluate   accuracy of FP32 vs INT8 (ORT) vs INT8 (NSS) on labelled data
         """),
         epilog="Run '%(prog)s COMMAND --help' for the options of a subcommand.")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
@@ -46,6 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.register(sub)
     view.register(sub)
     edit.register(sub)
+    from ..evaluate.cli import register as _add_evaluate
+    _add_evaluate(sub)
     return p
 
 
