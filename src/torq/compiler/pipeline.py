@@ -19,6 +19,7 @@ from ..fileio import atomic_write_text
 from ..graph import signedness
 from ..graph.canonicalize import canonicalize
 from ..graph.load import load_model
+from ..graph.validate import validate
 from ..program import Program
 from ..quantize.full_integer import io_quant_params
 from . import importer, lowering
@@ -79,7 +80,8 @@ def compile(model, debug_ir: str | os.PathLike | None = None, name: str | None =
     t0 = time.perf_counter()
     if name is None:
         name = Path(model).stem if isinstance(model, (str, os.PathLike)) else (model.graph.name or "model")
-    model = load_model(model)
+    where, model = (str(model) if isinstance(model, (str, os.PathLike)) else "model"), load_model(model)
+    validate(model, where)             # attribute values torch-mlir would trust blindly
     original = model
     model = canonicalize(model)
     model, u8_in, u8_out, shifted = signedness.to_int8(model)
@@ -87,8 +89,8 @@ def compile(model, debug_ir: str | os.PathLike | None = None, name: str | None =
     imported = importer.import_onnx(model)
     t1 = time.perf_counter()
 
-    def dump(stage, module):
-        stages[stage] = imported.text if stage == "torch_onnx" else module.operation.get_asm()
+    def dump(stage, text):
+        stages[stage] = text
 
     module = importer.lower_to_linalg(imported, dump=dump)
     t2 = time.perf_counter()
