@@ -52,14 +52,18 @@ class Context:
     computed: int = 0
 
 
-def full_model(opts_model: Path, quant: QuantSettings):
-    """The model the executor map is for: the fp32 model, or its quantization with the same flags."""
+def model_and_layers(model_path: Path, quant: QuantSettings, subgraph=(None, None)):
+    """(layers, report-name suffix, the model the executor map is for): the fp32 model (or the
+    sub-graph's nodes), quantized with the same flags under ``--quantize``."""
+    from ..graph import extract_segment
     from ..graph.load import load_model
-    fp32 = load_model(opts_model)
+    fp32 = load_model(model_path)
+    layers, suffix = select_layers(fp32, subgraph)
+    base = extract_segment(fp32, [lay.node_index for lay in layers]) if suffix else fp32
     if not quant.quantize:
-        return fp32, fp32
+        return layers, suffix, base
     from ..quantize import quantize
-    return fp32, quantize(fp32, **quant.kwargs())
+    return layers, suffix, quantize(base, **quant.kwargs())
 
 
 def select_layers(fp32, subgraph):
@@ -96,8 +100,7 @@ def locations(model) -> list:
 def run_discovery(opts: DiscoverOptions, progress=None) -> tuple[dict, Path]:
     stem = opts.model.stem
     check_output_dir(opts.output_dir)
-    fp32, full = full_model(opts.model, opts.quant)
-    layers, suffix = select_layers(fp32, opts.subgraph)
+    layers, suffix, full = model_and_layers(opts.model, opts.quant, opts.subgraph)
     path = schema.report_path(opts.output_dir, stem, suffix)
     report = _start_report(path, stem, opts)
     places = mapping.map_layers([lay.op_type for lay in layers], locations(full))

@@ -17,7 +17,7 @@ import numpy as np
 from ..errors import TorqError
 from . import executors as X
 from . import mapping, partition, schema
-from .discover import full_model, select_layers
+from .discover import model_and_layers
 from .options import QuantSettings, add_common_args, cache_dir, quant_settings
 
 DEFAULT_TOL_LSB = 5
@@ -178,14 +178,10 @@ def c_nodes(c) -> list:
 def run_full(opts: RunOptions, log=None) -> tuple[dict, Path]:
     from ..graph.canonicalize import canonicalize
     from ..runtime import reference
-    fp32, q = full_model(opts.model, opts.quant)
-    layers, suffix = select_layers(fp32, opts.subgraph)
+    layers, suffix, q = model_and_layers(opts.model, opts.quant, opts.subgraph)
     path = schema.report_path(opts.output_dir, opts.model.stem, suffix)
     report = schema.load(path)
     check_fingerprint(report, opts.quant.fingerprint(opts.model), path)
-    if opts.subgraph != (None, None):
-        from ..graph import extract_segment
-        q = extract_segment(q, [lay.id for lay in layers]) if not opts.quant.quantize else q
     c = canonicalize(q)
     full = X.frontend(q, debug_ir=opts.debug_ir, name=opts.model.stem)
     executor_of = assign(report, layers, full.operator_locations)
