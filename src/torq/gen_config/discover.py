@@ -67,25 +67,30 @@ def model_and_layers(model_path: Path, quant: QuantSettings, subgraph=(None, Non
 
 
 def select_layers(fp32, subgraph):
+    """All layers, or those from --subgraph-from to --subgraph-to (inclusive) and the file suffix."""
     from ..graph import extract_layers
-    from ..graph.extract import _prepare, _resolve
     layers = extract_layers(fp32)
     lo, hi = subgraph
     if lo is None and hi is None:
         return layers, ""
-    p = _prepare(fp32)
-    non_const = [i for i, n in enumerate(p.model.graph.node) if n.op_type != "Constant"]
-
-    def index(sel, flag):
-        try:
-            return non_const.index(_resolve(p, [int(sel) if str(sel).isdigit() else sel])[0])
-        except TorqError as e:
-            raise TorqError(f"{flag}: {e}") from None
-    a = index(lo, "--subgraph-from") if lo is not None else 0
-    b = index(hi, "--subgraph-to") if hi is not None else len(layers) - 1
+    a = _layer_index(layers, lo, "--subgraph-from") if lo is not None else 0
+    b = _layer_index(layers, hi, "--subgraph-to") if hi is not None else len(layers) - 1
     if a > b:
         raise TorqError(f"--subgraph-from ({a}) comes after --subgraph-to ({b})")
-    return [lay for lay in layers if a <= lay.node_index <= b], f"_subgraph_{a}_{b}"
+    return layers[a:b + 1], f"_subgraph_{a}_{b}"
+
+
+def _layer_index(layers, selector: str, flag: str) -> int:
+    """A non-Constant node index, a layer id, a node name or an output tensor name."""
+    sel = str(selector)
+    if sel.isdigit():
+        if int(sel) >= len(layers):
+            raise TorqError(f"{flag} {sel}: out of range (the model has {len(layers)} layers)")
+        return int(sel)
+    for i, lay in enumerate(layers):
+        if sel in (lay.id, lay.node_name) or sel in {o.name for o in lay.model.graph.output}:
+            return i
+    raise TorqError(f"{flag} '{sel}': no such node (use an index, node name, <OpType>_<output> or output name)")
 
 
 def locations(model) -> list:
@@ -202,7 +207,7 @@ def _test_executors(opts: DiscoverOptions, layer, tol: dict) -> tuple[dict, int,
         r = cache.get(key, ex)
         if r is None:
             if prepared is None:
-                prepared = layer_test.prepare(layer.model, opts.quant, opts.debug_ir, layer_test._safe(layer.id))
+                prepared = layer_test.prepare(layer.model, opts.quant, opts.debug_ir, layer_test.safe_name(layer.id))
             r = layer_test.run_executor(prepared, ex, tol, cache.root, opts.rounding, opts.timing_runs)
             cache.put(key, ex, r)
         results[ex] = r
