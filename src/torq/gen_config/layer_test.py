@@ -11,7 +11,7 @@ import numpy as np
 
 from ..fileio import atomic_write_bytes, atomic_write_text, save_model
 from . import executors as X
-from .compare import compare, random_inputs
+from .compare import compare, dq_output_scales, random_inputs
 
 SEED = 1234
 
@@ -60,7 +60,7 @@ def run_executor(p: Prepared, executor: str, tol: dict, cache_dir, rounding="nat
             raise p.error
         runnable = X.build(executor, p.compiled, cache_dir=cache_dir, rounding=rounding)
         outs, ms = runnable.run(p.inputs)
-        ok, diff = compare(outs, p.reference, tol["fp_max_tol"])
+        ok, diff = compare(outs, p.reference, tol["fp_max_tol"], dq_output_scales(p.model))
     except X.ExecutorError as e:
         entry["failure_report"] = {"type": "error", "summary": e.summary, "reason_code": e.reason_code}
         return entry

@@ -98,20 +98,11 @@ def _drop_dq_outputs(model, keep: set):
     return model
 
 
-def _lsb_scale(c, name: str) -> float:
-    """Outputs that are DequantizeLinear results are compared in their int8 LSB (|Δ| / scale)."""
-    from onnx import numpy_helper
-    inits = {t.name: t for t in c.graph.initializer}
-    for n in c.graph.node:
-        if n.op_type == "DequantizeLinear" and n.output[0] == name and n.input[1] in inits:
-            return float(np.asarray(numpy_helper.to_array(inits[n.input[1]])).max())
-    return 1.0
-
-
 def metrics(c, ours: dict, ref: dict, tol: float) -> dict:
-    per_output, hist, top1 = {}, {}, []
+    from .compare import dq_output_scales
+    per_output, hist, top1, scales = {}, {}, [], dq_output_scales(c)
     for name, r in ref.items():
-        scale = _lsb_scale(c, name) if not np.issubdtype(r.dtype, np.integer) else 1.0
+        scale = scales.get(name, 1.0) if not np.issubdtype(r.dtype, np.integer) else 1.0
         d = np.abs(ours[name].astype(np.float64) - r.astype(np.float64)) / scale
         lsb = np.rint(d).astype(np.int64)
         per_output[name] = {"max_abs_lsb": float(d.max(initial=0)), "differing": int((lsb > 0).sum()),
