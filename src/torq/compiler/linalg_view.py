@@ -159,8 +159,8 @@ class Folder:
 
 def _key(v):
     op = producer(v)
-    if op is None:
-        return ("arg", str(v.get_name()))
+    if op is None:     # a block argument (never Value.get_name(): it numbers the whole function)
+        return ("arg", v)
     return ("res", id_of(op), v.result_number if hasattr(v, "result_number") else 0)
 
 
@@ -238,15 +238,15 @@ class Generic:
     def tree(self):
         """Expression tree of the yielded value with constant sub-expressions folded."""
         memo = {}
-        args = list(self.block.arguments)
-        arg_pos = {str(a.get_name()): i for i, a in enumerate(args)}
         yield_op = list(self.block.operations)[-1]
 
         def build(v):
             from torch_mlir import ir
             owner = v.owner
             if isinstance(owner, ir.Block):
-                i = arg_pos[str(v.get_name())]
+                if owner != self.block:
+                    raise NotImplementedError("captured block argument")
+                i = ir.BlockArgument(v).arg_number
                 if i >= len(self.inputs):
                     raise NotImplementedError("generic reads its output")
                 if i in self.consts:

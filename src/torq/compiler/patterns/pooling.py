@@ -120,9 +120,9 @@ def _is_hw_sum(op) -> bool:
     if its != ["parallel", "parallel", "reduction", "reduction"] or len(L.shape_of(op.operands[0])) != 4:
         return False
     body = list(op.regions[0].blocks[0].operations)
-    args = [str(a.get_name()) for a in op.regions[0].blocks[0].arguments]
+    args = list(op.regions[0].blocks[0].arguments)
     return (len(body) == 2 and body[0].operation.name == "arith.addf"
-            and sorted(str(v.get_name()) for v in body[0].operands) == sorted(args))
+            and {hash(v) for v in body[0].operands} == {hash(a) for a in args})
 
 
 class IntMaxPool:
