@@ -205,10 +205,11 @@ def weights_operand(w: np.ndarray, loc, ip):
     return constant(w, kind, loc, ip)
 
 
-def lookup_table(*generics) -> np.ndarray:
+def lookup_table(*generics, start=None) -> np.ndarray:
     """256-entry int8 -> int8 table: the given one-input elementwise generics (e.g. DQ, f, Q)
-    evaluated in order on every int8 value, exactly as the linalg computes them."""
-    y = np.arange(-128, 128, dtype=np.int8)
+    evaluated in order on every int8 value (or on `start`, 256 values already computed from
+    them), exactly as the linalg computes them."""
+    y = np.arange(-128, 128, dtype=np.int8) if start is None else start
     for g in generics:
         shape = (256,) + (1,) * (len(g.out_shape) - 1)
         y = g.evaluate({g.var_inputs[0]: np.asarray(y).reshape(shape)}, shape).ravel()

@@ -1,6 +1,7 @@
 """Any elementwise function of one int8 tensor becomes a 256-entry lookup table.
 
-    Q ∘ f ∘ DQ  (f: a chain of one-input elementwise generics, e.g. Sigmoid) -> torq_hl.table
+    Q ∘ f ∘ DQ  (f: elementwise generics of one DQ'd value, e.g. Sigmoid,
+                 HardSwish x·relu6(x+3)/6, GELU x·(1+erf(x/√2))/2, x+1, x·0.5)       -> torq_hl.table
     Q ∘ clamp ∘ DQ  (an unfused Relu/Clip, or a requantize)                  -> torq_hl.table
 
 The table is computed by evaluating the module's own linalg generics (DQ, f, Q) on all 256
@@ -19,43 +20,72 @@ def _same_params(dq, root) -> bool:
     return np.ndim(d.scale) == 0 and d.scale == root.q.scale and d.zp == root.q.zp
 
 
-def _chain(ctx: Ctx, value):
-    """Generics from just after a DQ up to `value`; (dq_generic, [f generics], int8 source) or None."""
-    chain = []
-    while True:
-        op = L.producer(value)
+def _elementwise_input(g, i, shape) -> bool:
+    """Input i of generic g is read element for element (same shape, same map as the output)."""
+    return L.shape_of(g.inputs[i]) == shape and str(g.maps[i]) == str(g.maps[-1])
+
+
+def _dag(ctx: Ctx, value):
+    """The elementwise generics computing `value` from one per-tensor DQ, e.g. HardSwish's
+    x·hardsigmoid(x) or GELU's x·(erf(x/√2)+1)/2: (dq generic, [f generics, operands first],
+    int8 source) or None. Constants must be scalars (per-position ones are no function of x)."""
+    shape = L.shape_of(value)
+    order, seen, leaves = [], set(), []
+
+    def visit(v) -> bool:
+        op = L.producer(v)
         g = ctx.generic(op)
-        if g is None or len(g.var_inputs) != 1 or not g.parallel:
-            return None
-        if any(np.size(c) != 1 for c in g.consts.values()):
-            return None  # per-position constants: not a pure function of the value
-        if L.shape_of(g.inputs[g.var_inputs[0]]) != L.shape_of(op.results[0]):
-            return None
+        if g is None or not g.parallel or not g.var_inputs or L.shape_of(op.results[0]) != shape:
+            return False
+        if L.id_of(op) in seen:
+            return True
+        seen.add(L.id_of(op))
         d = L.as_dequant(g)
         if d is not None and np.size(d.scale) == 1 and np.size(d.zp) == 1:
-            return g, chain[::-1], g.inputs[d.source_index]
-        chain.append(g)
-        value = g.inputs[g.var_inputs[0]]
+            leaves.append(g)
+            return _elementwise_input(g, d.source_index, shape)
+        if any(np.size(c) != 1 for c in g.consts.values()):
+            return False
+        if not all(_elementwise_input(g, i, shape) and visit(g.inputs[i]) for i in g.var_inputs):
+            return False
+        order.append(g)
+        return True
+
+    if not visit(value) or len(leaves) != 1:
+        return None
+    return leaves[0], order, leaves[0].inputs[L.as_dequant(leaves[0]).source_index]
+
+
+def _dag_table(dq, fs, tail) -> np.ndarray:
+    """256-entry table of tail ∘ fs ∘ dq on every int8 value (fs a DAG, tail a chain)."""
+    y = np.arange(-128, 128, dtype=np.int8)
+    shape = (256,) + (1,) * (len(dq.out_shape) - 1)
+    vals = {L.id_of(dq.op): dq.evaluate({dq.var_inputs[0]: y.reshape(shape)}, shape)}
+    for g in fs:
+        args = {i: vals[L.id_of(L.producer(g.inputs[i]))] for i in g.var_inputs}
+        vals[L.id_of(g.op)] = g.evaluate(args, shape)
+    last = vals[L.id_of(fs[-1].op)] if fs else vals[L.id_of(dq.op)]
+    return lookup_table(*tail, start=last)
 
 
 class QTable:
     """Q ∘ f ∘ DQ -> torq_hl.table"""
 
     def match(self, ctx: Ctx, root: Root):
-        found = _chain(ctx, root.value)
+        found = _dag(ctx, root.value)
         if found is None:
             return None
         dq, fs, x = found
-        fs = fs + [ctx.generic(c) for c in reversed(root.clamps)]   # the clamps folded into Q, in order
-        if not fs and _same_params(dq, root):
+        clamps = [ctx.generic(c) for c in reversed(root.clamps)]   # the clamps folded into Q, in order
+        if not fs and not clamps and _same_params(dq, root):
             return None
         if L.np_dtype(x.type) is not np.int8 or root.q.out_dtype is not np.int8 or np.ndim(root.q.scale):
             return ctx.fail((fs[0] if fs else dq).op, "table lookup needs int8 input and output")
-        return dq, fs, x
+        return dq, fs, clamps, x
 
     def rewrite(self, ctx: Ctx, root: Root, m):
-        dq, fs, x = m
-        table = lookup_table(dq, *fs, ctx.generic(root.op))
+        dq, fs, clamps, x = m
+        table = _dag_table(dq, fs, [*clamps, ctx.generic(root.op)])
         return emit("table", root, [x], dict(table=table), (fs[-1] if fs else dq).op)
 
 
