@@ -37,6 +37,7 @@ from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, 
 
 from ..errors import TorqError
 from ..fileio import save_model
+from ..graph.fold import fold_constant_identities
 from ..graph.load import is_quantized, load_model
 from .calibration import make_reader
 from .full_integer import convert_to_full_integer
@@ -179,7 +180,7 @@ def quantize(model: str | os.PathLike | onnx.ModelProto, output: str | os.PathLi
     activation_type, weight_type = parse_quant_dtype(quant_dtype)
     method = parse_calibrate_method(calibrate_method)
     parse_quant_format(quant_format)
-    src = load_model(model)
+    src = fold_constant_identities(load_model(model))   # ORT's quantizers crash on shared weights
     where = str(model) if not isinstance(model, onnx.ModelProto) else "model"
     if is_quantized(src):
         raise TorqError(f"{where}: model is already quantized (it has QuantizeLinear/DequantizeLinear, "
