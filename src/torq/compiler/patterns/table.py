@@ -5,14 +5,16 @@
     Q ∘ clamp ∘ DQ  (an unfused Relu/Clip, or a requantize)                  -> torq_hl.table
 
 The table is computed by evaluating the module's own linalg generics (DQ, f, Q) on all 256
-int8 inputs, so it holds exactly what the float reference chain computes.
+int8 inputs, so it holds exactly what the float reference chain computes. When f has
+per-channel constants (a standalone BatchNormalization, e.g. after a Concat in DenseNet) the
+op holds one 256-entry table per channel (axis 1), C·256 entries channel-major.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from .. import linalg_view as L
-from .common import Ctx, Root, emit, lookup_table
+from .common import Ctx, Root, emit
 
 
 def _same_params(dq, root) -> bool:
@@ -25,10 +27,17 @@ def _elementwise_input(g, i, shape) -> bool:
     return L.shape_of(g.inputs[i]) == shape and str(g.maps[i]) == str(g.maps[-1])
 
 
+def _per_channel_const(g, i, shape) -> bool:
+    """Constant input i is a scalar, or varies along the channel axis (1) only."""
+    c = g.in_iteration_space(i, g.consts[i])
+    return all(n == 1 for d, n in enumerate(c.shape) if d != 1) and (c.ndim < 2 or c.shape[1] in (1, shape[1]))
+
+
 def _dag(ctx: Ctx, value):
     """The elementwise generics computing `value` from one per-tensor DQ, e.g. HardSwish's
-    x·hardsigmoid(x) or GELU's x·(erf(x/√2)+1)/2: (dq generic, [f generics, operands first],
-    int8 source) or None. Constants must be scalars (per-position ones are no function of x)."""
+    x·hardsigmoid(x), GELU's x·(erf(x/√2)+1)/2 or a standalone BatchNormalization: (dq generic,
+    [f generics, operands first], int8 source) or None. Constants are scalars or per-channel
+    (per-position ones are no function of x and the channel)."""
     shape = L.shape_of(value)
     order, seen, leaves = [], set(), []
 
@@ -44,7 +53,7 @@ def _dag(ctx: Ctx, value):
         if d is not None and np.size(d.scale) == 1 and np.size(d.zp) == 1:
             leaves.append(g)
             return _elementwise_input(g, d.source_index, shape)
-        if any(np.size(c) != 1 for c in g.consts.values()):
+        if not all(_per_channel_const(g, i, shape) for i in g.consts):
             return False
         if not all(_elementwise_input(g, i, shape) and visit(g.inputs[i]) for i in g.var_inputs):
             return False
@@ -57,15 +66,21 @@ def _dag(ctx: Ctx, value):
 
 
 def _dag_table(dq, fs, tail) -> np.ndarray:
-    """256-entry table of tail ∘ fs ∘ dq on every int8 value (fs a DAG, tail a chain)."""
-    y = np.arange(-128, 128, dtype=np.int8)
-    shape = (256,) + (1,) * (len(dq.out_shape) - 1)
-    vals = {L.id_of(dq.op): dq.evaluate({dq.var_inputs[0]: y.reshape(shape)}, shape)}
+    """tail ∘ fs ∘ dq on every int8 value (fs a DAG, tail a chain): 256 entries, or C·256 (one
+    table per channel, channel-major) when a constant is per-channel."""
+    rank = len(dq.out_shape)
+    channels = max([1] + [g.in_iteration_space(i, c).shape[1] for g in fs for i, c in g.consts.items()
+                          if rank >= 2])
+    shape = (256, channels) + (1,) * (rank - 2) if rank >= 2 else (256,)
+    y = np.arange(-128, 128, dtype=np.int8).reshape((256,) + (1,) * (rank - 1))
+    vals = {L.id_of(dq.op): dq.evaluate({dq.var_inputs[0]: y}, y.shape)}
     for g in fs:
         args = {i: vals[L.id_of(L.producer(g.inputs[i]))] for i in g.var_inputs}
         vals[L.id_of(g.op)] = g.evaluate(args, shape)
-    last = vals[L.id_of(fs[-1].op)] if fs else vals[L.id_of(dq.op)]
-    return lookup_table(*tail, start=last)
+    y = np.broadcast_to(vals[L.id_of(fs[-1].op)] if fs else vals[L.id_of(dq.op)], shape)
+    for g in tail:
+        y = g.evaluate({g.var_inputs[0]: y}, shape)
+    return np.asarray(y).reshape(256, -1).T.reshape(-1).astype(np.int64)
 
 
 class QTable:
