@@ -65,7 +65,33 @@ def _dag(ctx: Ctx, value):
     return leaves[0], order, leaves[0].inputs[L.as_dequant(leaves[0]).source_index]
 
 
-def _dag_table(dq, fs, tail) -> np.ndarray:
+_BN_BODY = ("arith.subf", "arith.mulf", "arith.mulf", "arith.addf")   # (x - mean)·inv_std·scale + bias
+
+
+def _batchnorm(ctx: Ctx, fs):
+    """fs as torch-mlir spells an inference BatchNormalization -> [(op, per-channel constant)]
+    in the order mean, inv_std, scale, bias; else None."""
+    if len(fs) != 4 or ctx.onnx_op(fs[-1].op) != "BatchNormalization":
+        return None
+    out = []
+    for g, body in zip(fs, _BN_BODY):
+        t = g.tree_or_none()
+        if not (isinstance(t, L.Node) and t.op == body and len(g.consts) == 1 and isinstance(t.args[0], L.Arg)):
+            return None
+        (i, c), = g.consts.items()
+        out.append(g.in_iteration_space(i, c))
+    return out
+
+
+def _ort_batchnorm(dq_values, consts):
+    """ONNX Runtime's float BatchNormalization: x·s + (bias − mean·s), s = inv_std·scale, in
+    float32 without fused multiply-add (bit-identical to its CPU kernel)."""
+    mean, inv_std, scale, bias = consts
+    s = (inv_std * scale).astype(np.float32)
+    return (dq_values * s).astype(np.float32) + (bias - mean * s).astype(np.float32)
+
+
+def _dag_table(dq, fs, tail, batchnorm=None) -> np.ndarray:
     """tail ∘ fs ∘ dq on every int8 value (fs a DAG, tail a chain): 256 entries, or C·256 (one
     table per channel, channel-major) when a constant is per-channel."""
     rank = len(dq.out_shape)
@@ -74,9 +100,13 @@ def _dag_table(dq, fs, tail) -> np.ndarray:
     shape = (256, channels) + (1,) * (rank - 2) if rank >= 2 else (256,)
     y = np.arange(-128, 128, dtype=np.int8).reshape((256,) + (1,) * (rank - 1))
     vals = {L.id_of(dq.op): dq.evaluate({dq.var_inputs[0]: y}, y.shape)}
-    for g in fs:
-        args = {i: vals[L.id_of(L.producer(g.inputs[i]))] for i in g.var_inputs}
-        vals[L.id_of(g.op)] = g.evaluate(args, shape)
+    if batchnorm is not None:   # the reference runs ORT's own BN kernel, not torch-mlir's decomposition
+        vals[L.id_of(fs[-1].op)] = _ort_batchnorm(vals[L.id_of(dq.op)], batchnorm)
+        fs = fs[-1:]
+    else:
+        for g in fs:
+            args = {i: vals[L.id_of(L.producer(g.inputs[i]))] for i in g.var_inputs}
+            vals[L.id_of(g.op)] = g.evaluate(args, shape)
     y = np.broadcast_to(vals[L.id_of(fs[-1].op)] if fs else vals[L.id_of(dq.op)], shape)
     for g in tail:
         y = g.evaluate({g.var_inputs[0]: y}, shape)
@@ -100,7 +130,7 @@ class QTable:
 
     def rewrite(self, ctx: Ctx, root: Root, m):
         dq, fs, clamps, x = m
-        table = _dag_table(dq, fs, [*clamps, ctx.generic(root.op)])
+        table = _dag_table(dq, fs, [*clamps, ctx.generic(root.op)], _batchnorm(ctx, fs))
         return emit("table", root, [x], dict(table=table), (fs[-1] if fs else dq).op)
 
 
