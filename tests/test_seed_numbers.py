@@ -14,7 +14,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from qmodels import conv_model, quantize
-from torq.compiler import compile, fixed_point, torq_hl
+from torq import numerics
+from torq.compiler import compile, torq_hl
 from torq.compiler.lowering import func_ops
 from torq.runtime import kernels, reference
 
@@ -61,7 +62,7 @@ def test_lecture_fc_example_through_the_whole_stack():
         sb = np.array(fc.operands[2].owner.attributes["value"]).astype(np.int64)
     assert attrs["input_zp"] == 10 and attrs["weight_zp"] == 0 and attrs["output_zp"] == -128
     assert sb[0] == 500                                   # q_bias = q_b - Z_X·Σq_W = 600 - 100
-    assert (sb[1], attrs["shift_factor"]) == fixed_point.multiplier_and_shift(
+    assert (sb[1], attrs["shift_factor"]) == numerics.multiplier_and_shift(
         float(np.float32(s_w) * np.float32(s_x)) / float(np.float32(s_y)))
     assert abs(sb[1] / 2.0 ** attrs["shift_factor"] - 0.125) < 1e-7       # M = S_W S_X / S_Y
     x = np.array([[30, 14]], np.int8)
@@ -83,10 +84,10 @@ def test_lecture_q_bias_34():
 
 
 def test_seed_scale_examples():
-    assert fixed_point.multiplier_and_shift(0.5) == (134217728, 28)
-    assert fixed_point.multiplier_and_shift(0.0) == (0, 28)
+    assert numerics.multiplier_and_shift(0.5) == (134217728, 28)
+    assert numerics.multiplier_and_shift(0.0) == (0, 28)
     with pytest.raises(ValueError):
-        fixed_point.multiplier_and_shift(-0.5)
+        numerics.multiplier_and_shift(-0.5)
 
 
 @pytest.mark.parametrize("case", ["w_zp=0", "in_zp=0", "both=0", "w_zp!=0"])

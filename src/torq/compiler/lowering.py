@@ -121,7 +121,10 @@ def _lower_root(ctx: Ctx, op) -> None:
         m = rule.match(ctx, root)
         if isinstance(m, Fail) or m is None:
             continue
-        new = rule.rewrite(ctx, root, m)
+        try:
+            new = rule.rewrite(ctx, root, m)
+        except ValueError as e:     # numerics refuses a constant the hardware cannot hold
+            new = ctx.fail(root.op, str(e))
         if isinstance(new, Fail):
             continue
         _replace(root.op, new)

@@ -7,7 +7,7 @@ quantization parameters (`ort_dq_scale` = fl32(x_scale·w_scale[c]), `ort_output
 ...) from which the simulator's `ort` rounding mode reproduces ONNX Runtime's float requantisation
 exactly, and from which native-vs-ORT differences are explained.
 
-Semantics (NCHW, int8 activations; see runtime/nss.py and compiler/fixed_point.py):
+Semantics (NCHW, int8 activations; see runtime/nss.py and torq/numerics):
   conv2d / depthwise_conv2d: acc = conv(pad(input, value=input_zp), weights) + bias' ;
       scale_bias = [bias'_0, mult_0, bias'_1, mult_1, ...] (i32, 2*O), weights already w - w_zp;
       out = ACT(acc, mult_c, shift_factor, output_zp, output_min, output_max)

@@ -45,6 +45,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from .. import numerics
 from ..errors import TorqError
 
 __all__ = ["canonicalize", "REWRITES"]
@@ -172,7 +173,7 @@ def _qgemm(cx: _Ctx) -> None:
               cx.dq(b, b_s, b_zp, "dq_b", axis=(0 if trans_b else 1) if per_ch else None)]
     if c:
         # ORT: y = alpha*a_s*b_s*(acc + C); same float32 product order as its output scale.
-        c_scale = (np.float32(alpha) * cx.const(a_s).astype(np.float32).reshape(())) * bs.reshape(-1)
+        c_scale = numerics.dq_scale(cx.const(a_s).reshape(()), bs.reshape(-1), alpha)
         c_axis = None
         if per_ch:
             c_shape = cx.inits[c].dims if c in cx.inits else None
@@ -220,7 +221,7 @@ def _qlinearconv(cx: _Ctx) -> None:
     axis = 0 if per_channel else None
     inputs = [cx.dq(x, x_s, x_zp, "dq_x"), cx.dq(w, w_s, w_zp, "dq_w", axis=axis)]
     if bias:
-        b_scale = cx.const(x_s).astype(np.float32).reshape(()) * ws          # fl32(x_s * w_s[c])
+        b_scale = numerics.dq_scale(cx.const(x_s).reshape(()), ws)          # fl32(x_s * w_s[c])
         b_scale = b_scale if per_channel else b_scale.reshape(())
         sb = cx.add_init("bias_scale", b_scale.astype(np.float32))
         zb = cx.add_init("bias_zp", np.zeros(b_scale.shape, np.int32))

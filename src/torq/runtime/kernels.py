@@ -2,7 +2,7 @@
 numba-compiled loops where numpy would need a chain of temporaries).
 
 These are the simulator's hot path. Every function returns the *exact* integer result; no
-rounding decision is made here (that is ``torq.compiler.fixed_point``'s job).
+rounding decision is made here (that is ``torq.numerics``' job).
 
 How exactness is kept while still using BLAS
 --------------------------------------------
@@ -53,7 +53,7 @@ from typing import NamedTuple
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from ..compiler.fixed_point import jit, pair
+from ..numerics.loops import jit, pair
 
 __all__ = ["conv_out_size", "conv2d_acc", "fc_acc", "pool_sum", "maxpool", "ConvPlan", "FcPlan",
            "AccParts", "BYTE_TYPES", "byte_grid", "pair_lookup"]

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..compiler import fixed_point
+from .. import numerics
 from ..compiler import linalg_view as L
 from ..compiler import torq_hl
 from ..compiler.lowering import DATA_MOVEMENT, Unsupported, func_ops
@@ -182,17 +182,17 @@ def _rescale(acc, attrs, scale_bias, rounding, rtype):
     mult = scale_bias[1::2]
     if isinstance(acc, kernels.AccParts):
         if rounding == "native":
-            return fixed_point.act_native_parts(
+            return numerics.act_native_parts(
                 acc.acc, acc.extra, mult, attrs["shift_factor"], attrs["output_zp"], attrs["output_min"],
                 attrs["output_max"], acc_bound=acc.acc_bound, bound=acc.bound, axis=1, out_dtype=rtype)
-        return fixed_point.requant_ort_parts(
+        return numerics.requant_ort_parts(
             acc.acc, acc.extra, attrs["ort_requant_scale"], attrs["output_zp"], attrs["output_min"],
             attrs["output_max"], acc_bound=acc.acc_bound, bound=acc.bound, axis=1, out_dtype=rtype)
     if rounding == "native":
-        y = fixed_point.act_native(acc, mult, attrs["shift_factor"], attrs["output_zp"],
+        y = numerics.act_native(acc, mult, attrs["shift_factor"], attrs["output_zp"],
                                    attrs["output_min"], attrs["output_max"], axis=1)
     else:
-        y = fixed_point.requant_ort(acc, attrs["ort_requant_scale"], attrs["output_zp"],
+        y = numerics.requant_ort(acc, attrs["ort_requant_scale"], attrs["output_zp"],
                                     attrs["output_min"], attrs["output_max"], axis=1)
     return np.asarray(y).astype(rtype)
 
@@ -213,7 +213,7 @@ def _with_acc(parts_fn, a, rtype, ys):
         mask, mx = _diff(native, ort_out)
         chan = np.nonzero(mask)[1] if acc.ndim > 1 else np.zeros(int(mask.sum()), int)
         dq = a["ort_dq_scale"]
-        causes = fixed_point.explain_diffs(acc[mask], [((float(dq[c]),), (ys,)) for c in chan]) \
+        causes = numerics.explain_diffs(acc[mask], [((float(dq[c]),), (ys,)) for c in chan]) \
             if mask.any() else {}
         return acc.size, int(mask.sum()), mx, causes
     fn.explain = explain
@@ -241,7 +241,7 @@ def _cached_plan(make):
 def _scales(a):
     """Add the ORT requant scale fl32(fl32(xs·ws)/ys) (ORT's order) and y_scale to the attrs."""
     ys = float(a["ort_output_scale"][0])
-    a["ort_requant_scale"] = fixed_point.ort_conv_scale(a["ort_dq_scale"], np.float32(1), np.float32(ys))
+    a["ort_requant_scale"] = numerics.ort_requant_scale(a["ort_dq_scale"], ys)
     return ys
 
 
@@ -317,11 +317,11 @@ def _add(op, folder, rtype):
     def fn(args, rounding):
         x, y = args
         if rounding == "native":
-            out = fixed_point.add_native_mults(x, y, za, zb, ma, mb, a["shift_factor"], a["output_zp"],
+            out = numerics.add_native_mults(x, y, za, zb, ma, mb, a["shift_factor"], a["output_zp"],
                                                a["output_min"], a["output_max"], out_dtype=rtype)
         else:   # in ORT's own (possibly uint8) domain: its float constant depends on the zero points
             k = a["ort_zp_shift"]
-            recipe = fixed_point.add_ort if a["ort_kernel"] == "QLinearAdd" else fixed_point.add_float_ort
+            recipe = numerics.add_ort if a["ort_kernel"] == "QLinearAdd" else numerics.add_float_ort
             out = _binary_ort(recipe, k, x, y, sa, za, sb_, zb, sc, a)
         return np.asarray(out).astype(rtype)
 
@@ -329,7 +329,7 @@ def _add(op, folder, rtype):
         native = fn(args, "native")
         mask, mx = _diff(native, ort_out)
         x, y = (np.broadcast_to(v, ort_out.shape) for v in args)
-        causes = fixed_point.explain_add_diffs(x[mask], y[mask], sa, za, sb_, zb, sc) if mask.any() else {}
+        causes = numerics.explain_add_diffs(x[mask], y[mask], sa, za, sb_, zb, sc) if mask.any() else {}
         return ort_out.size, int(mask.sum()), mx, causes
     fn.explain = explain
     return _pair_table(fn, direct=("native",))
@@ -348,16 +348,16 @@ def _avgpool(op, folder, rtype):
             if is_global:
                 n = x.shape[2] * x.shape[3]
                 acc = x.astype(np.int64).sum(axis=(2, 3), keepdims=True) - a["input_zp"] * n
-                out = fixed_point.global_avgpool_ort(acc, n, xs, ys, a["output_zp"],
+                out = numerics.global_avgpool_ort(acc, n, xs, ys, a["output_zp"],
                                                      a["output_min"], a["output_max"])
             else:  # ORT adds the zero point in float before rounding: work in its (uint8) domain
                 k = a["ort_zp_shift"]
-                out = fixed_point.avgpool_ort(x.astype(np.int64) + k, kernel, stride, pad, bool(a["count_include_pad"]),
+                out = numerics.avgpool_ort(x.astype(np.int64) + k, kernel, stride, pad, bool(a["count_include_pad"]),
                                               xs, a["input_zp"] + k, ys, a["output_zp"] + k, a["output_min"] + k,
                                               a["output_max"] + k) - k
             return np.asarray(out).astype(rtype).reshape(rshape)
         s, counts = kernels.pool_sum(x, kernel, stride, pad, bool(a["count_include_pad"]), a["input_zp"])
-        out = fixed_point.avgpool_native(s, counts, xs, ys, a["output_zp"], a["output_min"], a["output_max"])
+        out = numerics.avgpool_native(s, counts, xs, ys, a["output_zp"], a["output_min"], a["output_max"])
         return np.asarray(out).astype(rtype).reshape(rshape)
 
     def explain(args, ort_out):
@@ -368,7 +368,7 @@ def _avgpool(op, folder, rtype):
         s, counts = kernels.pool_sum(args[0], kernel, stride, pad, bool(a["count_include_pad"]), a["input_zp"])
         mask = mask.reshape(s.shape)
         cnt = np.broadcast_to(counts, s.shape)[mask]
-        causes = fixed_point.explain_diffs(s[mask], [((float(xs),), (float(ys), int(c))) for c in cnt])
+        causes = numerics.explain_diffs(s[mask], [((float(xs),), (float(ys), int(c))) for c in cnt])
         return ort_out.size, int(mask.sum()), mx, causes
     fn.explain = explain
     return fn
@@ -399,11 +399,11 @@ def _act(op, folder, rtype):
         (x,) = args
         if mode == "f2f":   # to or from bf16: rounding only when narrowing, and only on the NPU
             narrowing = str(op.results[0].type).endswith("xbf16>")
-            return fixed_point.to_bf16(x) if (narrowing and rounding == "native") else x.astype(np.float32)
+            return numerics.to_bf16(x) if (narrowing and rounding == "native") else x.astype(np.float32)
         if mode == "i2f":
             return x.astype(np.float32)
         if mode == "f2i":
-            return fixed_point.float_to_int(x)
+            return numerics.float_to_int(x)
         raise TorqError(f"torq_hl.act mode {mode!r} is not simulated")
     return fn
 
@@ -418,10 +418,10 @@ def _mul(op, folder, rtype):
     def fn(args, rounding):
         x, factor = args
         if rounding == "native":
-            return fixed_point.bf16_affine(x, factor.reshape(-1)[0], b)
+            return numerics.bf16_affine(x, factor.reshape(-1)[0], b)
         if qmode == "quantize":   # ORT QuantizeLinear; the clamp comes in the fma that follows
-            return fixed_point.quantize_ort(x, s, zp, -2**31, 2**31 - 1).astype(np.float32)
-        return fixed_point.dequantize_ort(x.astype(np.int64), s, zp)
+            return numerics.quantize_ort(x, s, zp, -2**31, 2**31 - 1).astype(np.float32)
+        return numerics.dequantize_ort(x.astype(np.int64), s, zp)
     return fn
 
 
@@ -433,9 +433,9 @@ def _int_mul(a, rtype):
     def fn(args, rounding):
         x, y = args
         if rounding == "native":
-            out = fixed_point.mul_native(x, y, za, zb, mult, shift, a["output_zp"], a["output_min"], a["output_max"])
+            out = numerics.mul_native(x, y, za, zb, mult, shift, a["output_zp"], a["output_min"], a["output_max"])
         else:   # ORT adds the zero point in float before rounding: work in its (uint8) domain
-            out = _binary_ort(fixed_point.mul_ort, k, x, y, sa, za, sb, zb, sc, a)
+            out = _binary_ort(numerics.mul_ort, k, x, y, sa, za, sb, zb, sc, a)
         return np.asarray(out).astype(rtype)
 
     def explain(args, ort_out):
@@ -445,7 +445,7 @@ def _int_mul(a, rtype):
             return ort_out.size, 0, 0, {}
         x, y = (np.broadcast_to(v, ort_out.shape) for v in args)
         p = (x[mask].astype(np.int64) - za) * (y[mask].astype(np.int64) - zb)
-        return ort_out.size, int(mask.sum()), mx, fixed_point.explain_diffs(p, ((float(sa), float(sb)), (float(sc),)))
+        return ort_out.size, int(mask.sum()), mx, numerics.explain_diffs(p, ((float(sa), float(sb)), (float(sc),)))
     fn.explain = explain
     return _pair_table(fn)
 
@@ -457,7 +457,7 @@ def _fma(op, folder, rtype):
     def fn(args, rounding):
         x = args[0]
         if x.dtype.kind == "f":    # bf16/f32 -> int at the end of the Quantize fallback
-            x = fixed_point.float_to_int(x)
+            x = numerics.float_to_int(x)
         shape = (-1,) + (1,) * (x.ndim - 1)
         y = x.astype(np.int64) * (w.reshape(shape) if w.size > 1 else w[0]) + (b.reshape(shape) if b.size > 1 else b[0])
         return np.clip(y, a["output_min"], a["output_max"]).astype(rtype)

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import fixed_point
+from ... import numerics
 from .. import linalg_view as L
-from .common import Ctx, Root, constant, emit, scalar, strip_pad, pad_constant
+from .common import Ctx, Fail, Root, constant, emit, folded_bias, int32_or_fail, pad_constant, scalar, strip_pad
 
 
 @dataclass
@@ -177,9 +177,12 @@ def _per_channel(ctx: Ctx, root: Root):
         bq = ctx.int_const_of_dequant(bop.operands[0])
         if bq is None:
             return ctx.fail(conv, "bias is not a dequantized int32 constant")
-        bias = bq[0].astype(np.int64).reshape(O)
+        bias = bq[0].astype(np.int64).reshape(O) - L.channel_vector(bq[2], 0, O, np.int64)
+        fail = int32_or_fail(ctx, conv, "bias − bias zero point", bias)
+        if fail is not None:
+            return fail
         bscale = L.channel_vector(bq[1], 0, O, np.float32)
-        expect = (np.float32(scalar(xs, "input scale")) * ws).astype(np.float32)
+        expect = numerics.dq_scale(scalar(xs, "input scale"), ws)
         if not np.allclose(bscale, expect, rtol=1e-6, atol=0):
             return ctx.fail(conv, "bias scale is not input_scale x weight_scale")
     elif ctx.const(init) is None or np.any(ctx.const(init) != 0):
@@ -188,7 +191,7 @@ def _per_channel(ctx: Ctx, root: Root):
         xs_s, in_zp_s = scalar(xs, "input scale"), scalar(in_zp, "input zero point")
     except ValueError as e:
         return ctx.fail(conv, str(e))
-    dq_scale = (np.float32(xs_s) * ws).astype(np.float32)
+    dq_scale = numerics.dq_scale(xs_s, ws)
     return ConvMatch("depthwise_conv2d" if depthwise else "conv2d", conv, x, w.astype(np.int64),
                      int(w_zp_v[0]), int(in_zp_s), bias, dq_scale, pad, stride, dilation, O if depthwise else groups)
 
@@ -211,16 +214,16 @@ class QConv2D:
     def rewrite(self, ctx: Ctx, root: Root, m: ConvMatch):
         from torch_mlir import ir
         ys = np.float32(root.q.scale)
-        mults, shift = fixed_point.per_channel_multipliers(fixed_point.native_conv_scale(m.dq_scale, 1.0, ys))
+        mults, shift = numerics.conv_rescale(m.dq_scale, ys)
         ip = ir.InsertionPoint(root.op)
         loc = m.conv.location
         if m.w_value is not None:
             weights, sb = _dynamic_weights(m, mults, loc, ip)
         else:
             w_adj = m.w - m.w_zp                                       # seed §4.3.1
-            bias = m.bias - m.in_zp * w_adj.reshape(w_adj.shape[0], -1).sum(axis=1)   # §4.3.2 + §4.3.3
-            if np.any(np.abs(bias) >= 2 ** 31):
-                return ctx.fail(m.conv, "folded bias overflows int32")
+            bias = folded_bias(ctx, m.conv, m.bias, m.in_zp, w_adj)   # §4.3.2 + §4.3.3
+            if isinstance(bias, Fail):
+                return bias
             scale_bias = np.stack([bias, mults], axis=1).reshape(-1)   # [b0, m0, b1, m1, ...]
             weights = constant(w_adj, "i16" if m.w_zp != 0 else "i8", loc, ip)
             sb = constant(scale_bias, "i32", loc, ip)

@@ -4,7 +4,7 @@
     Q ∘ mulf(DQ(a), DQ(b)) -> torq_hl.mul  (mode int8: (a - zp_a)(b - zp_b) rescaled by sa·sb/sc)
     (a or b may be an integer constant: Mul/Add by a quantized per-channel or scalar weight)
 
-NPU form: t = (a - zp_a)·m_a + (b - zp_b)·m_b, one shared shift, NTP rounding (fixed_point.add_*).
+NPU form: t = (a - zp_a)·m_a + (b - zp_b)·m_b, one shared shift, NTP rounding (numerics.add_*).
 The reference compiler uses int16 multipliers; we keep int32 ones so the NPU result stays within
 rounding ties of ONNX Runtime's QLinearAdd.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import fixed_point
+from ... import numerics
 from .. import linalg_view as L
 from .common import Ctx, Root, emit, scalar
 
@@ -61,7 +61,7 @@ class QAdd(QBinary):
     def rewrite(self, ctx: Ctx, root: Root, m):
         op, a, b, (sa, za, sb, zb) = m
         sc = float(root.q.scale)
-        ma, mb, shift = fixed_point.add_multipliers(sa, sb, sc)
+        ma, mb, shift = numerics.add_multipliers(sa, sb, sc)
         attrs = dict(input_zp=0, output_zp=int(root.q.zp), output_min=root.q.lo, output_max=root.q.hi,
                      shift_factor=shift, weights=[ma, mb], scale_bias=[-(za * ma + zb * mb), 1],
                      input_zps=[za, zb], ort_input_scales=[sa, sb], ort_output_scale=[sc],
@@ -79,7 +79,7 @@ class QMul(QBinary):
     def rewrite(self, ctx: Ctx, root: Root, m):
         op, a, b, (sa, za, sb, zb) = m
         sc = float(root.q.scale)
-        mult, shift = fixed_point.mul_multiplier(sa, sb, sc)
+        mult, shift = numerics.mul_multiplier(sa, sb, sc)
         attrs = dict(mode="int8", input_zps=[za, zb], output_zp=int(root.q.zp), output_min=root.q.lo,
                      output_max=root.q.hi, shift_factor=shift, scale_bias=[0, mult], bias=[],
                      ort_scales=[sa, sb, sc], ort_zp=0, ort_mode="mul", ort_zp_shift=ctx.ort_zp_shift)

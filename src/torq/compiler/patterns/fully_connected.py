@@ -11,9 +11,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import fixed_point
+from ... import numerics
 from .. import linalg_view as L
-from .common import Ctx, Root, constant, emit, scalar
+from .common import Ctx, Fail, Root, constant, emit, folded_bias, scalar
 
 
 @dataclass
@@ -94,7 +94,7 @@ class QFullyConnected:
             w = w if transposed else w.T
             in_zp = int(scalar(in_zp, "input zero point"))
             w_zp = int(w_zp_v[0])
-            dq_scale = (np.float32(scalar(xs, "input scale")) * ws).astype(np.float32)
+            dq_scale = numerics.dq_scale(scalar(xs, "input scale"), ws)
         else:
             return None
         if len(L.shape_of(x)) != 2:
@@ -111,8 +111,10 @@ class QFullyConnected:
         from torch_mlir import ir
         ys = np.float32(root.q.scale)
         w_adj = m.w - m.w_zp
-        bias = m.bias - m.in_zp * w_adj.sum(axis=1)            # q_bias = q_b - Z_X·Σ q_W (lecture)
-        mults, shift = fixed_point.per_channel_multipliers(fixed_point.native_conv_scale(m.dq_scale, 1.0, ys))
+        bias = folded_bias(ctx, m.mm, m.bias, m.in_zp, w_adj)  # q_bias = q_b - Z_X·Σ q_W (lecture)
+        if isinstance(bias, Fail):
+            return bias
+        mults, shift = numerics.conv_rescale(m.dq_scale, ys)
         ip = ir.InsertionPoint(root.op)
         loc = m.mm.location
         weights = constant(w_adj, "i16" if m.w_zp != 0 else "i8", loc, ip)

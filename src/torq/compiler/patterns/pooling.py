@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import fixed_point
+from ... import numerics
 from .. import linalg_view as L
 from .common import Ctx, Root, emit, lookup_table, pad_constant, scalar, strip_pad
 
@@ -107,7 +107,7 @@ class QAvgPool:
         pool, x, xs, xz, pad, kernel = m
         ys = float(root.q.scale)
         n = kernel[0] * kernel[1]
-        mult, shift = fixed_point.avgpool_multiplier(xs, ys, n)
+        mult, shift = numerics.avgpool_multiplier(xs, ys, n)
         stride = L.attr_ints(pool, "strides") if "strides" in pool.attributes else [1, 1]
         attrs = dict(input_zp=xz, output_zp=int(root.q.zp), output_min=root.q.lo, output_max=root.q.hi,
                      shift_factor=shift, scale_bias=[-n * xz, mult], kernel=kernel,

@@ -1,7 +1,11 @@
 """Standalone QuantizeLinear / DequantizeLinear that fused into nothing (seed §4.4.2).
 
     Q  (f32 -> i8)  -> act f2f (f32->bf16) -> mul (×1/scale, +zp) -> act f2i (bf16->i32) -> fma (clamp -> i8)
-    DQ (i8 -> f32)  -> act i2f (i8->bf16)  -> mul (×scale, −zp·scale) -> act f2f (bf16->f32)
+    DQ (i8 -> f32)  -> fma (−zp -> i32) -> act i2f (->bf16, exact) -> mul (×scale) -> act f2f (bf16->f32)
+
+The DQ subtracts the zero point in integers first, so the bf16 product is rounded once; a
+bias −zp·scale added after the product would cancel catastrophically near q = zp (measured: up
+to 39 % relative error against ONNX Runtime).
 
 bf16 arithmetic is lossy on the NPU (native mode); `ort_*` attributes let the `ort` mode compute
 what ONNX Runtime's QuantizeLinear / DequantizeLinear compute.
@@ -9,7 +13,7 @@ what ONNX Runtime's QuantizeLinear / DequantizeLinear compute.
 from __future__ import annotations
 
 
-from .. import fixed_point
+from ... import numerics
 from .. import linalg_view as L
 from .. import torq_hl
 from .common import Ctx, Root, empty, scalar
@@ -62,7 +66,7 @@ class QuantizeFallback:
         ip, loc = ir.InsertionPoint(root.op), root.op.location
         t_in = root.value.type
         steps = [("act", _retyped(t_in, "bf16"), dict(mode="f2f")),
-                 ("mul", _retyped(t_in, "bf16"), _bf16_mul(*fixed_point.bf16_fallback_constants(scale, zp, True),
+                 ("mul", _retyped(t_in, "bf16"), _bf16_mul(*numerics.bf16_fallback_constants(scale, zp, True),
                                                            scale, zp, "quantize")),
                  ("act", _retyped(t_in, "i32"), dict(mode="f2i")),
                  ("fma", root.op.results[0].type, dict(weights=[1], biases=[0], output_min=root.q.lo,
@@ -71,7 +75,7 @@ class QuantizeFallback:
 
 
 class DequantizeFallback:
-    """DQ (standalone) -> act i2f, mul, act f2f"""
+    """DQ (standalone) -> fma, act i2f, mul, act f2f"""
 
     def rewrite(self, ctx: Ctx, g) -> object:
         from torch_mlir import ir
@@ -80,8 +84,10 @@ class DequantizeFallback:
         op = g.op
         ip, loc = ir.InsertionPoint(op), op.location
         x = g.inputs[d.source_index]
-        steps = [("act", _retyped(x.type, "bf16"), dict(mode="i2f")),
-                 ("mul", _retyped(x.type, "bf16"), _bf16_mul(*fixed_point.bf16_fallback_constants(scale, zp, False),
-                                                             scale, zp, "dequantize")),
+        steps = [("fma", _retyped(x.type, "i32"), dict(weights=[1], biases=[-zp], output_min=-2**31,
+                                                       output_max=2**31 - 1)),
+                 ("act", _retyped(x.type, "bf16"), dict(mode="i2f")),
+                 ("mul", _retyped(x.type, "bf16"), _bf16_mul(*numerics.bf16_fallback_constants(scale, zp, False),
+                                                             scale, 0, "dequantize")),
                  ("act", op.results[0].type, dict(mode="f2f"))]
         return _seq(steps, x, loc, ip).owner

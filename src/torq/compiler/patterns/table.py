@@ -3,6 +3,8 @@
     Q ∘ f ∘ DQ  (f: elementwise generics of one DQ'd value, e.g. Sigmoid,
                  HardSwish x·relu6(x+3)/6, GELU x·(1+erf(x/√2))/2, x+1, x·0.5)       -> torq_hl.table
     Q ∘ clamp ∘ DQ  (an unfused Relu/Clip, or a requantize)                  -> torq_hl.table
+    Q ∘ DQ ∘ g  (g: int8 -> int8 elementwise, e.g. a lone Relu torch-mlir ran on the
+                 int8 values as maxsi(x, zp))                                 -> torq_hl.table
 
 The table is computed by evaluating the module's own linalg generics (DQ, f, Q) on all 256
 int8 inputs, so it holds exactly what the float reference chain computes. When f has
@@ -20,6 +22,19 @@ from .common import Ctx, Root, emit
 def _same_params(dq, root) -> bool:
     d = L.as_dequant(dq)
     return np.ndim(d.scale) == 0 and d.scale == root.q.scale and d.zp == root.q.zp
+
+
+def _pointwise(ctx: Ctx, value):
+    """The one-input, same-shape elementwise generic producing `value` (scalar constants only)."""
+    op = L.producer(value)
+    g = ctx.generic(op)
+    if g is None or len(g.var_inputs) != 1 or not g.parallel:
+        return None
+    if any(np.size(c) != 1 for c in g.consts.values()):
+        return None  # per-position constants: not a pure function of the value
+    if L.shape_of(g.inputs[g.var_inputs[0]]) != L.shape_of(op.results[0]):
+        return None
+    return g
 
 
 def _elementwise_input(g, i, shape) -> bool:
@@ -65,6 +80,19 @@ def _dag(ctx: Ctx, value):
     return leaves[0], order, leaves[0].inputs[L.as_dequant(leaves[0]).source_index]
 
 
+def _int8_pre_ops(ctx: Ctx, value):
+    """int8 -> int8 elementwise generics feeding a DQ (folded into the table); (source, [generics])."""
+    pre = []
+    while L.np_dtype(value.type) is np.int8:
+        g = _pointwise(ctx, value)
+        if g is None or L.as_dequant(g) is not None \
+                or L.np_dtype(g.inputs[g.var_inputs[0]].type) is not np.int8:
+            break
+        pre.append(g)
+        value = g.inputs[g.var_inputs[0]]
+    return value, pre[::-1]
+
+
 _BN_BODY = ("arith.subf", "arith.mulf", "arith.mulf", "arith.addf")   # (x - mean)·inv_std·scale + bias
 
 
@@ -91,14 +119,16 @@ def _ort_batchnorm(dq_values, consts):
     return (dq_values * s).astype(np.float32) + (bias - mean * s).astype(np.float32)
 
 
-def _dag_table(dq, fs, tail, batchnorm=None) -> np.ndarray:
-    """tail ∘ fs ∘ dq on every int8 value (fs a DAG, tail a chain): 256 entries, or C·256 (one
-    table per channel, channel-major) when a constant is per-channel."""
+def _dag_table(pre, dq, fs, tail, batchnorm=None) -> np.ndarray:
+    """tail ∘ fs ∘ dq ∘ pre on every int8 value (fs a DAG, pre and tail chains): 256 entries, or
+    C·256 (one table per channel, channel-major) when a constant is per-channel."""
     rank = len(dq.out_shape)
     channels = max([1] + [g.in_iteration_space(i, c).shape[1] for g in fs for i, c in g.consts.items()
                           if rank >= 2])
     shape = (256, channels) + (1,) * (rank - 2) if rank >= 2 else (256,)
     y = np.arange(-128, 128, dtype=np.int8).reshape((256,) + (1,) * (rank - 1))
+    for g in pre:
+        y = g.evaluate({g.var_inputs[0]: y}, y.shape)
     vals = {L.id_of(dq.op): dq.evaluate({dq.var_inputs[0]: y}, y.shape)}
     if batchnorm is not None:   # the reference runs ORT's own BN kernel, not torch-mlir's decomposition
         vals[L.id_of(fs[-1].op)] = _ort_batchnorm(vals[L.id_of(dq.op)], batchnorm)
@@ -121,16 +151,17 @@ class QTable:
         if found is None:
             return None
         dq, fs, x = found
+        x, pre = _int8_pre_ops(ctx, x)
         clamps = [ctx.generic(c) for c in reversed(root.clamps)]   # the clamps folded into Q, in order
-        if not fs and not clamps and _same_params(dq, root):
+        if not fs and not clamps and not pre and _same_params(dq, root):
             return None
         if L.np_dtype(x.type) is not np.int8 or root.q.out_dtype is not np.int8 or np.ndim(root.q.scale):
             return ctx.fail((fs[0] if fs else dq).op, "table lookup needs int8 input and output")
-        return dq, fs, clamps, x
+        return pre, dq, fs, clamps, x
 
     def rewrite(self, ctx: Ctx, root: Root, m):
-        dq, fs, clamps, x = m
-        table = _dag_table(dq, fs, [*clamps, ctx.generic(root.op)], _batchnorm(ctx, fs))
+        pre, dq, fs, clamps, x = m
+        table = _dag_table(pre, dq, fs, [*clamps, ctx.generic(root.op)], _batchnorm(ctx, fs))
         return emit("table", root, [x], dict(table=table), (fs[-1] if fs else dq).op)
 
 

@@ -1,0 +1,29 @@
+"""torq.numerics: the only home of every scale, multiplier, rounding and recipe in torq.
+
+torq has to agree bit for bit with two machines: the TORQ NPU ("native" rounding) and ONNX
+Runtime's x86 CPU EP ("ort" rounding). A one-ulp change in the order of two float32 operations,
+or another tie rule, shows up as a 1-LSB mismatch somewhere in a ResNet; if the compiler (which
+stores multipliers), the simulator (which applies them) and the tests (which hold them against
+ORT) each had a copy of this arithmetic they would drift apart silently. So each fact is one
+function here, called by all three.
+
+A leaf package: numpy, the standard library and numba only (no ORT, no MLIR, nothing else from
+torq). One module per concern:
+
+  native   NPU fixed point: multiplier/shift (``multiplier_and_shift``, ``conv_rescale``), ACT
+           unit (NTP) rescale, native Add / Mul / average pool
+  ort      ONNX Runtime's recipes: ``dq_scale`` (the float32 product every Conv/MatMul scale
+           starts from), requantisation, QLinearAdd / Mul / pools, Quantize/DequantizeLinear
+  bf16     the NPU's bf16 Quantize/Dequantize fallback, step by step
+  explain  why a native result differs from ORT's (tie / near-tie / other), in exact rationals
+  loops    numba-compiled per-element loops and the layout plumbing they need
+"""
+from __future__ import annotations
+
+from . import bf16, explain, loops, native, ort
+from .bf16 import *  # noqa: F401,F403
+from .explain import *  # noqa: F401,F403
+from .native import *  # noqa: F401,F403
+from .ort import *  # noqa: F401,F403
+
+__all__ = [*native.__all__, *ort.__all__, *bf16.__all__, *explain.__all__]

@@ -1,0 +1,284 @@
+"""The NPU's fixed point: int32 multiplier + right shift, ACT unit rounding (NTP).
+
+The compiler turns every real rescale into ``(multiplier, shift)`` (``multiplier_and_shift``,
+exactly the reference compiler's computeMultiplierAndShift: the largest multiple-of-4 shift
+whose ``llround(scale * 2**shift)`` fits int32), and the ACT unit applies it:
+
+    t = int64(int32(acc)) * mult;  t = (t + ((1 << s) >> 1)) >> s;  q = clamp(t + zp, lo, hi)
+
+i.e. round to nearest, ties toward +inf, on the exact product. Conventions: accumulators are
+integer arrays that already include the bias; the channel axis defaults to 1 (NCHW, or [N, O]
+for fully connected); ``qmin``/``qmax`` are explicit so int8, uint8 and int16 work alike;
+scales come in as float32 values and are widened exactly; results are int64.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .loops import act_loop, add_loop, as4d, bcast, channel_params, contiguous_rows, parts_int64, split_ok
+
+__all__ = ["INT32_MIN", "INT32_MAX", "MAX_SHIFT", "SHIFT_STEP", "ZERO_SCALE_SHIFT", "llround",
+           "multiplier_and_shift", "per_channel_multipliers", "conv_rescale", "ntp_shift",
+           "act_native", "act_native_parts", "add_multipliers", "add_native_mults", "mul_multiplier",
+           "mul_native", "avgpool_multiplier", "avgpool_native"]
+
+INT32_MIN = -(1 << 31)
+INT32_MAX = (1 << 31) - 1
+MAX_SHIFT = 60          # QuantPatternUtils kMaxShift
+SHIFT_STEP = 4          # "The Torq hardware requires the shift amount to be a multiple of 4"
+ZERO_SCALE_SHIFT = 28   # computeMultiplierAndShift(0) -> (0, 28)
+
+_F32 = np.float32
+_F64 = np.float64
+
+
+def llround(x: float) -> int:
+    """C ``llround``: round half away from zero, computed exactly for any finite double.
+
+    ``math.floor(x + 0.5)`` is *not* exact (0.49999999999999994 + 0.5 rounds to 1.0 in double);
+    ``x - floor(x)`` is exact for every double, so the tie test below is exact.
+    """
+    if not math.isfinite(x):
+        raise ValueError(f"llround of non-finite value {x!r}")
+    a = abs(x)
+    n = math.floor(a)              # Python int, exact
+    if a - n >= 0.5:               # exact: the fractional part of a double is representable
+        n += 1
+    return -n if x < 0 else n
+
+
+def _llround_pow2(scale: float, s: int) -> int:
+    # math.ldexp only changes the exponent: exact (scale < 2**31 and s <= 60, so no overflow;
+    # no underflow since s >= 0).
+    return llround(math.ldexp(scale, s))
+
+
+def _check_scale(scale) -> float:
+    try:
+        v = float(scale)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"scale must be a real number, got {scale!r}") from e
+    if not math.isfinite(v):
+        raise ValueError(f"scale must be finite, got {v!r}")
+    if v < 0:
+        raise ValueError(f"scale must be >= 0, got {v!r}")
+    return v
+
+
+def multiplier_and_shift(scale: float) -> tuple[int, int]:
+    """computeMultiplierAndShift (torq-compiler QuantPatternUtils.cpp), exact.
+
+    * scale == 0 -> (0, 28);
+    * scale < 0 or non-finite -> ValueError;
+    * otherwise the largest s in {60, 56, ..., 4, 0} whose ``llround(scale * 2**s)`` (half away
+      from zero, computed exactly) fits int32; ValueError if none fits (scale >= 2**31 - 0.5).
+
+    ``scale`` may be a Python float or a numpy float32/float64 scalar (widened exactly).
+    Seed check: 0.5 -> (134217728, 28).
+    """
+    v = _check_scale(scale)
+    if v == 0.0:
+        return 0, ZERO_SCALE_SHIFT
+    if v >= 2.0 ** 31:
+        raise ValueError(f"scale {v!r} too large: no shift in 0..60 gives an int32 multiplier")
+    for s in range(MAX_SHIFT, -1, -SHIFT_STEP):
+        m = _llround_pow2(v, s)
+        if m <= INT32_MAX:
+            return m, s
+    raise ValueError(f"scale {v!r} too large: no shift in 0..60 gives an int32 multiplier")
+
+
+def per_channel_multipliers(scales) -> tuple[np.ndarray, int]:
+    """One int32 multiplier per channel and ONE shared shift (torq per-channel extension).
+
+    The shared shift is the smallest of the per-channel ``multiplier_and_shift`` shifts, so every
+    channel's multiplier ``llround(scale_c * 2**shift)`` still fits int32. A zero scale gives
+    multiplier 0 and does not take part in choosing the shift (its own shift, 28, is an
+    arbitrary convention and would only throw away precision of the other channels); if all
+    scales are zero the shift is 28.
+    """
+    sc = np.asarray(scales, dtype=_F64).reshape(-1)
+    vals = [_check_scale(s) for s in sc]
+    shifts = [multiplier_and_shift(s)[1] for s in vals if s != 0.0]
+    shift = min(shifts) if shifts else ZERO_SCALE_SHIFT
+    mults = np.array([_llround_pow2(s, shift) if s != 0.0 else 0 for s in vals], dtype=np.int64)
+    return mults, shift
+
+
+
+def conv_rescale(dq_scale, ys) -> tuple[np.ndarray, int]:
+    """(int64 multiplier per output channel, shared shift) of a Conv / FC / MatMul rescale.
+
+    The reference compiler takes ``scaleFactor = inputScale / outputScale`` where ``inputScale``
+    is the DequantizeLinear scale of the i32 result, i.e. the float32 product ``dq_scale``
+    (``ort.dq_scale(xs, ws)``, as stored in the QDQ graph), not the exact product ``xs * ws``:
+    the division is done in double from the float32 values. Per-tensor scales give a 1-element
+    vector.
+    """
+    dq = np.asarray(dq_scale, dtype=_F32).astype(_F64).reshape(-1)
+    return per_channel_multipliers(dq / _F64(_F32(ys)))
+
+
+def ntp_shift(t: np.ndarray, shift) -> np.ndarray:
+    """Round-to-nearest, ties toward +inf, divide by 2**shift: ``(t + ((1<<s)>>1)) >> s``.
+
+    ``t`` int64 (modified in place when it is a fresh array you own); ``shift`` scalar or an
+    array broadcastable against ``t``. numpy's ``>>`` on int64 is an arithmetic shift (floor).
+    """
+    s = np.asarray(shift, dtype=np.int64)
+    if s.ndim == 0:
+        si = int(s)
+        if not 0 <= si <= 62:
+            raise ValueError(f"shift {si} out of range 0..62")
+        if si:
+            t += (1 << si) >> 1
+            t >>= si
+        return t
+    if s.min() < 0 or s.max() > 62:
+        raise ValueError("shift out of range 0..62")
+    t += np.right_shift(np.left_shift(np.int64(1), s), 1)
+    t >>= s
+    return t
+
+
+def act_native(acc, mult, shift, out_zp, out_min, out_max, axis: int = 1,
+               *, overflow: str = "wrap") -> np.ndarray:
+    """The NSS ACT unit (NTP rounding), exactly as the hardware golden formula:
+
+        t = int64(int32(acc)) * mult
+        t = (t + ((1 << s) >> 1)) >> s          # round to nearest, ties toward +inf
+        q = clamp(t + out_zp, out_min, out_max)
+
+    ``acc`` integer array (already includes the bias). ``mult`` (and ``shift``) are scalars,
+    1-D per-channel vectors broadcast along ``axis``, or arrays with acc's ndim (numpy
+    broadcasting; used for per-window multipliers of average pools).
+
+    int32 wrap: the hardware adds acc and bias in a 32-bit register, so an accumulator outside
+    int32 wraps modulo 2**32 (``overflow="wrap"``, the default, reproduces that). Pass
+    ``overflow="raise"`` to get an OverflowError instead (useful when validating a compiler).
+    Returns int64.
+    """
+    a = np.asarray(acc)
+    if a.dtype.kind not in "iu":
+        raise TypeError(f"act_native needs an integer accumulator, got {a.dtype}")
+    a = a.astype(np.int64, copy=False)
+    if a.size and (a.min() < INT32_MIN or a.max() > INT32_MAX):
+        if overflow == "raise":
+            raise OverflowError("accumulator outside int32")
+        a = a.astype(np.int32).astype(np.int64)   # two's complement wrap, like the hardware
+    m = bcast(mult, a.ndim, axis, np.int64)
+    if m.size and (m.min() < INT32_MIN or m.max() > INT32_MAX):
+        raise ValueError("multiplier does not fit int32")
+    s = bcast(shift, a.ndim, axis, np.int64)
+    t = np.asarray(a * m)                        # |t| < 2**62: no int64 overflow
+    t = ntp_shift(t, s)
+    t += int(out_zp)
+    np.clip(t, int(out_min), int(out_max), out=t)
+    return t
+
+
+
+def act_native_parts(acc, extra, mult, shift, out_zp, out_min, out_max, *, acc_bound: int,
+                     bound: int, axis: int = 1, out_dtype=np.int64) -> np.ndarray:
+    """``act_native(acc + extra, mult, shift, out_zp, out_min, out_max, axis)`` cast to
+    ``out_dtype``, for an exact accumulator given in two parts, in one compiled pass.
+
+    ``acc`` holds exact integers in any numeric dtype (float32 / float64 from an exact GEMM, or
+    an integer dtype); ``extra`` and ``mult`` are scalars or 1-D per-channel vectors along
+    ``axis``; the caller guarantees ``|acc| <= acc_bound`` and ``|acc + extra| <= bound``
+    (Python ints; see ``torq.runtime.kernels.AccParts``). When the bounds show that the sum fits
+    int32 (no wrap), every element is ``act_native``'s formula in int64 (``|sum * m| < 2**62``).
+    In every other case (per-element multipliers, possible wrap) act_native runs on the int64
+    sum, so the result is always identical.
+    """
+    a = np.asarray(acc)
+    zp, lo, hi = int(out_zp), int(out_min), int(out_max)
+    fast = split_ok(a, axis, out_dtype, lo, hi) and np.ndim(shift) == 0 \
+        and 0 <= int(bound) <= INT32_MAX and 0 <= int(acc_bound) <= (1 << 53) and 0 <= int(shift) <= 62
+    if fast:
+        m = channel_params(mult, a, axis, np.int64)
+        e = channel_params(extra, a, axis, np.int64)
+        fast = (m is not None and e is not None and (not m.size or (
+            int(m.max()) <= INT32_MAX and int(m.min()) >= INT32_MIN)))
+    if not fast:
+        full = parts_int64(a, extra, axis)
+        return np.asarray(act_native(full, mult, shift, zp, lo, hi, axis)).astype(out_dtype)
+    out = np.empty(a.shape, dtype=out_dtype)
+    act_loop(contiguous_rows(as4d(a, axis)), e, m, int(shift), zp, lo, hi, as4d(out, axis))
+    return out
+
+
+
+def add_multipliers(sa, sb, sc) -> tuple[int, int, int]:
+    """Native Add rescale: (mA, mB, shift) with one shared shift.
+
+    rA = sA/sC, rB = sB/sC in float64 from the float32 scales; shift = min(shift(rA), shift(rB))
+    in ``multiplier_and_shift`` semantics (so both int32 multipliers fit); mX = llround(rX*2^shift).
+    (The reference compiler uses int16 multipliers for Add; torq keeps 32-bit ones.)
+    """
+    rA = float(_F32(sa)) / float(_F32(sc))
+    rB = float(_F32(sb)) / float(_F32(sc))
+    (mA, mB), shift = per_channel_multipliers([rA, rB])
+    return int(mA), int(mB), int(shift)
+
+
+
+def add_native_mults(a, b, za, zb, mA, mB, shift, zc, qmin, qmax, out_dtype=np.int64) -> np.ndarray:
+    """add_native with the multipliers and shift the compiler stored on the op:
+    ``clamp((((a - za)*mA + (b - zb)*mB + r) >> shift) + zc)``, r = (1 << shift) >> 1."""
+    a, b = np.asarray(a), np.asarray(b)
+    si, zc, lo, hi = int(shift), int(zc), int(qmin), int(qmax)
+    if (a.shape == b.shape and a.dtype.kind in "iu" and b.dtype.kind in "iu" and a.dtype.itemsize <= 2
+            and b.dtype.itemsize <= 2 and 0 <= si <= 62 and abs(int(mA)) <= INT32_MAX
+            and abs(int(mB)) <= INT32_MAX and abs(int(za)) < (1 << 16) and abs(int(zb)) < (1 << 16)):
+        out = np.empty(a.shape, dtype=out_dtype)      # |(a - za) * mA| < 2**48: no int64 overflow
+        add_loop(a.reshape(-1), b.reshape(-1), int(za), int(zb), int(mA), int(mB), si, zc, lo, hi,
+                  out.reshape(-1))
+        return out
+    a64 = a.astype(np.int64) - int(za)
+    b64 = b.astype(np.int64) - int(zb)
+    t = a64 * mA + b64 * mB
+    t = ntp_shift(np.array(t, dtype=np.int64), shift)
+    t += zc
+    np.clip(t, lo, hi, out=t)
+    return t.astype(out_dtype, copy=False)
+
+
+
+def mul_multiplier(sa, sb, sc) -> tuple[int, int]:
+    """Native Mul rescale: (multiplier, shift) for ``sa * sb / sc`` (float64 from float32 qparams)."""
+    return multiplier_and_shift(float(_F32(sa)) * float(_F32(sb)) / float(_F32(sc)))
+
+
+def mul_native(a, b, za, zb, mult, shift, zc, qmin, qmax) -> np.ndarray:
+    """NPU Mul: ``clamp(NTP((a - za)(b - zb) * mult >> shift) + zc)`` (exact int64)."""
+    p = (np.asarray(a).astype(np.int64) - int(za)) * (np.asarray(b).astype(np.int64) - int(zb))
+    return act_native(p, mult, shift, zc, qmin, qmax)
+
+
+def avgpool_multiplier(xs, ys, count: int) -> tuple[int, int]:
+    """Native average-pool rescale for one window size: ``multiplier_and_shift(xs / (ys * count))``."""
+    return multiplier_and_shift(float(_F32(xs)) / (float(_F32(ys)) * int(count)))
+
+
+
+def avgpool_native(sum_minus_zp, counts, xs, ys, zy, qmin, qmax) -> np.ndarray:
+    """Native average pool: integer window sum Σ(x - zx), then one rescale per distinct window
+    count: ``multiplier_and_shift(xs / (ys * count))`` applied with ``act_native`` (NTP).
+
+    ``counts`` is a scalar or an array broadcastable (numpy rules) against ``sum_minus_zp``,
+    e.g. [OH, OW] for an [N, C, OH, OW] sum.
+    """
+    acc = np.asarray(sum_minus_zp).astype(np.int64, copy=False)
+    cnt = np.asarray(counts, dtype=np.int64)
+    uniq, inv = np.unique(cnt.reshape(-1), return_inverse=True)
+    ms = [avgpool_multiplier(xs, ys, int(c)) for c in uniq]
+    if len(ms) == 1 and cnt.ndim == 0:
+        return act_native(acc, ms[0][0], ms[0][1], zy, qmin, qmax)
+    shape = (1,) * (acc.ndim - cnt.ndim) + cnt.shape
+    mult = np.array([m for m, _ in ms], dtype=np.int64)[inv].reshape(shape)
+    shift = np.array([s for _, s in ms], dtype=np.int64)[inv].reshape(shape)
+    return act_native(acc, mult, shift, zy, qmin, qmax)
+
