@@ -47,10 +47,12 @@ def test_repro_bundle(chain):
 
 def test_run_mixed_segments_bit_exact(chain):
     model, d = chain
-    assert cli("run", "--model", model, "--output-dir", d, *QFLAGS, "--rounding", "ort") == 0
+    assert cli("run", "--model", model, "--output-dir", d, *QFLAGS, "--rounding", "ort", "--debug-ir", d / "ir") == 0
     m = json.loads((d / "torq_gen_config_chain.json").read_text())["full_model_metrics"]
     assert [s["executor"] for s in m["segments"]] == ["nss", "css", "nss"]
     assert m["max_abs_lsb"] == 0
+    names = {p.name for p in (d / "ir").iterdir()}
+    assert {"chain.torq_hl.mlir", "chain.segment1_css.linalg.mlir", "chain.segment2_nss.torq_hl.mlir"} <= names
 
 
 @pytest.mark.parametrize("executor", ["css", "host"])

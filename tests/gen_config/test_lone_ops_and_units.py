@@ -65,6 +65,14 @@ def test_compare_float_rule_with_injected_fault():
     assert not compare({"y": np.array([104.0, -1.0], np.float32)}, ref, 0.01)[0]
 
 
+def test_compare_dequantized_float_outputs_in_lsb():
+    ref = {"y": np.array([0.0, 0.1, 5.0], np.float32)}
+    one_lsb = {"y": np.array([0.1, 0.0, 5.1], np.float32)}
+    assert not compare(one_lsb, ref, 0.01)[0]                     # relative rule: 100% error at 0
+    assert compare(one_lsb, ref, 0.01, {"y": 0.1})[0]             # 1 LSB of a DQ output
+    assert not compare({"y": np.array([0.2, 0.1, 5.0], np.float32)}, ref, 0.01, {"y": 0.1})[0]
+
+
 def test_random_inputs_ranges():
     m = _single("Relu")
     x = random_inputs(m, 0)["x"]

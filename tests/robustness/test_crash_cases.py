@@ -54,6 +54,7 @@ def test_native_crash_names_signal_and_node(case, signal_name):
     assert msg.startswith(f"torch-mlir crashed ({signal_name}) while lowering node {node}"), msg
     assert "\n" not in msg
     assert "Fatal Python error" in e.value.diagnostics      # the child's stderr is kept
+    assert "Fatal Python error" not in msg
 
 
 def test_memory_cap_becomes_an_error(tmp_path):
@@ -64,8 +65,9 @@ def test_memory_cap_becomes_an_error(tmp_path):
     r = subprocess.run([sys.executable, "-m", "torq.compile_cli", str(path)], capture_output=True, text=True,
                        timeout=120, env={**os.environ, "TORQ_COMPILE_MEM_MB": "1"})
     assert r.returncode == 2 and r.stdout == ""
-    assert one_error_line(r).startswith("torq-compile: error: torch-mlir ran out of memory (address space "
-                                        "capped at "), r.stderr
+    line = one_error_line(r)     # MemoryError / bad_alloc, or a native crash no node causes alone
+    assert line.startswith("torq-compile: error: torch-mlir ") and "out of memory" in line and \
+        "MiB" in line and "TORQ_COMPILE_MEM_MB" in line, line
 
 
 def test_isolated_import_matches_in_process(monkeypatch):

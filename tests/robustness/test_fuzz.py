@@ -16,7 +16,7 @@ from robustness.fuzz import int8_seeds, judge, mutate, run_cli, seeds
 from torq.compile_cli import main as compile_main
 from torq.gen_config.cli import main as gen_config_main
 
-BUDGET = int(os.environ.get("TORQ_FUZZ", "16"))
+BUDGET = int(os.environ.get("TORQ_FUZZ", "40"))
 
 
 @pytest.fixture(scope="module")

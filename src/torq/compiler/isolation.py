@@ -31,6 +31,9 @@ BISECT_BUDGET_S = 6.0
 _DIAG_HINTS = ("LLVM ERROR", "Assertion", "error:", "terminate called", "what():")
 
 
+IN_CHILD = False    # True inside the forked child: its stderr is already captured for diagnostics
+
+
 class NativeCrash(TorqError):
     """torch-mlir died natively; `diagnostics` holds everything the child printed."""
 
@@ -39,10 +42,13 @@ class NativeCrash(TorqError):
         self.diagnostics = diagnostics
 
 
+def enabled() -> bool:
+    """Isolation needs fork (POSIX); TORQ_ISOLATE=0 turns it off."""
+    return hasattr(os, "fork") and os.environ.get("TORQ_ISOLATE", "1") != "0"
+
+
 def run_isolated(fn, model: onnx.ModelProto):
     """`fn(model)` in a memory-capped child; TorqError from the child is re-raised as is."""
-    if os.environ.get("TORQ_ISOLATE", "1") == "0" or not hasattr(os, "fork"):
-        return fn(model)
     status, payload, diag = _fork_call(fn, model)
     if status == "ok":
         return payload
@@ -54,12 +60,16 @@ def run_isolated(fn, model: onnx.ModelProto):
         raise NativeCrash(f"torch-mlir ran out of memory (address space capped at {payload >> 20} MiB; "
                           "TORQ_COMPILE_MEM_MB raises the budget)", diag)
     culprit = _find_culprit(fn, model)
-    raise NativeCrash(_crash_message(payload, culprit, diag), diag)
+    raise NativeCrash(_crash_message(payload, culprit, diag, _memory_cap() >> 20), diag)
 
 
-def _memory_cap() -> int:
+def _budget_mb() -> int:
+    return int(os.environ.get("TORQ_COMPILE_MEM_MB", "4096"))
+
+
+def _memory_cap(extra_mb: int | None = None) -> int:
     """Current address space + the budget (numba/ORT reserve a lot of virtual memory up front)."""
-    extra = int(os.environ.get("TORQ_COMPILE_MEM_MB", "4096")) << 20
+    extra = (_budget_mb() if extra_mb is None else extra_mb) << 20
     try:
         with open("/proc/self/statm") as f:
             current = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
@@ -68,9 +78,9 @@ def _memory_cap() -> int:
     return current + extra
 
 
-def _fork_call(fn, model):
+def _fork_call(fn, model, extra_mb: int | None = None):
     """(status, payload, diagnostics): status 'ok' | 'error' | 'bug' | 'signal' | 'exit' | 'memory'."""
-    cap = _memory_cap()
+    cap = _memory_cap(extra_mb)
     with tempfile.TemporaryFile() as diag:
         r, w = os.pipe()
         sys.stdout.flush()
@@ -100,6 +110,8 @@ def _fork_call(fn, model):
 
 
 def _child(fn, model, w: int, diag_fd: int, cap: int) -> None:
+    global IN_CHILD
+    IN_CHILD = True
     code = 0
     try:
         os.dup2(diag_fd, 1)
@@ -134,9 +146,10 @@ def _out_of_memory(diag: str) -> bool:
     return any(s in diag for s in ("bad_alloc", "out of memory", "Cannot allocate memory"))
 
 
-def _crash_message(payload, culprit: str | None, diag: str) -> str:
-    where = f"while lowering node {culprit}" if culprit else "while lowering the model (no single node " \
-        "crashes alone)"
+def _crash_message(payload, culprit: str | None, diag: str, cap_mb: int) -> str:
+    where = f"while lowering node {culprit}" if culprit else \
+        f"while lowering the model (no single node crashes alone with more memory: likely out of memory " \
+        f"at its {cap_mb} MiB address-space cap; TORQ_COMPILE_MEM_MB raises it)"
     hint = _diagnostic_line(diag)
     if os.environ.get("TORQ_DEBUG") and diag:
         sys.stderr.write(diag)
@@ -157,7 +170,7 @@ def _diagnostic_line(diag: str) -> str:
     """The most telling line of the child's output (hints in order of preference)."""
     lines = [ln.strip() for ln in diag.splitlines() if ln.strip()]
     for hint in _DIAG_HINTS:
-        hits = [ln for ln in lines if hint in ln]
+        hits = [ln for ln in lines if hint in ln and not ln.startswith("Fatal Python error")]
         if hits:
             return one_line(hits[0], 200)
     return ""
@@ -178,7 +191,7 @@ def _find_culprit(fn, model: onnx.ModelProto) -> str | None:
         single = _single_node_model(inferred, node, types, inits)
         if single is None:
             continue
-        status, _, _ = _fork_call(fn, single)
+        status, _, _ = _fork_call(fn, single, max(4 * _budget_mb(), 4096))   # memory is not the cause
         if status in ("signal", "exit", "memory"):
             return f"{quote(node.name or (node.output[0] if node.output else f'#{i}'))} ({node.op_type})"
     return None

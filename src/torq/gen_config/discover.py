@@ -52,36 +52,45 @@ class Context:
     computed: int = 0
 
 
-def full_model(opts_model: Path, quant: QuantSettings):
-    """The model the executor map is for: the fp32 model, or its quantization with the same flags."""
+def model_and_layers(model_path: Path, quant: QuantSettings, subgraph=(None, None)):
+    """(layers, report-name suffix, the model the executor map is for): the fp32 model (or the
+    sub-graph's nodes), quantized with the same flags under ``--quantize``."""
+    from ..graph import extract_segment
     from ..graph.load import load_model
-    fp32 = load_model(opts_model)
+    fp32 = load_model(model_path)
+    layers, suffix = select_layers(fp32, subgraph)
+    base = extract_segment(fp32, [lay.node_index for lay in layers]) if suffix else fp32
     if not quant.quantize:
-        return fp32, fp32
+        return layers, suffix, base
     from ..quantize import quantize
-    return fp32, quantize(fp32, **quant.kwargs())
+    return layers, suffix, quantize(base, **quant.kwargs())
 
 
 def select_layers(fp32, subgraph):
+    """All layers, or those from --subgraph-from to --subgraph-to (inclusive) and the file suffix."""
     from ..graph import extract_layers
-    from ..graph.extract import _prepare, _resolve
     layers = extract_layers(fp32)
     lo, hi = subgraph
     if lo is None and hi is None:
         return layers, ""
-    p = _prepare(fp32)
-    non_const = [i for i, n in enumerate(p.model.graph.node) if n.op_type != "Constant"]
-
-    def index(sel, flag):
-        try:
-            return non_const.index(_resolve(p, [int(sel) if str(sel).isdigit() else sel])[0])
-        except TorqError as e:
-            raise TorqError(f"{flag}: {e}") from None
-    a = index(lo, "--subgraph-from") if lo is not None else 0
-    b = index(hi, "--subgraph-to") if hi is not None else len(layers) - 1
+    a = _layer_index(layers, lo, "--subgraph-from") if lo is not None else 0
+    b = _layer_index(layers, hi, "--subgraph-to") if hi is not None else len(layers) - 1
     if a > b:
         raise TorqError(f"--subgraph-from ({a}) comes after --subgraph-to ({b})")
-    return [lay for lay in layers if a <= lay.node_index <= b], f"_subgraph_{a}_{b}"
+    return layers[a:b + 1], f"_subgraph_{a}_{b}"
+
+
+def _layer_index(layers, selector: str, flag: str) -> int:
+    """A non-Constant node index, a layer id, a node name or an output tensor name."""
+    sel = str(selector)
+    if sel.isdigit():
+        if int(sel) >= len(layers):
+            raise TorqError(f"{flag} {sel}: out of range (the model has {len(layers)} layers)")
+        return int(sel)
+    for i, lay in enumerate(layers):
+        if sel in (lay.id, lay.node_name) or sel in {o.name for o in lay.model.graph.output}:
+            return i
+    raise TorqError(f"{flag} '{sel}': no such node (use an index, node name, <OpType>_<output> or output name)")
 
 
 def locations(model) -> list:
@@ -96,8 +105,7 @@ def locations(model) -> list:
 def run_discovery(opts: DiscoverOptions, progress=None) -> tuple[dict, Path]:
     stem = opts.model.stem
     check_output_dir(opts.output_dir)
-    fp32, full = full_model(opts.model, opts.quant)
-    layers, suffix = select_layers(fp32, opts.subgraph)
+    layers, suffix, full = model_and_layers(opts.model, opts.quant, opts.subgraph)
     path = schema.report_path(opts.output_dir, stem, suffix)
     report = _start_report(path, stem, opts)
     places = mapping.map_layers([lay.op_type for lay in layers], locations(full))
@@ -199,7 +207,7 @@ def _test_executors(opts: DiscoverOptions, layer, tol: dict) -> tuple[dict, int,
         r = cache.get(key, ex)
         if r is None:
             if prepared is None:
-                prepared = layer_test.prepare(layer.model, opts.quant, opts.debug_ir, layer_test._safe(layer.id))
+                prepared = layer_test.prepare(layer.model, opts.quant, opts.debug_ir, layer_test.safe_name(layer.id))
             r = layer_test.run_executor(prepared, ex, tol, cache.root, opts.rounding, opts.timing_runs)
             cache.put(key, ex, r)
         results[ex] = r

@@ -38,6 +38,7 @@ from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, 
 
 from ..errors import TorqError, one_line
 from ..fileio import save_model
+from ..graph.fold import fold_constant_identities
 from ..graph.load import is_quantized, load_model
 from ..graph.validate import validate
 from .calibration import make_reader
@@ -200,7 +201,7 @@ def quantize(model: str | os.PathLike | onnx.ModelProto, output: str | os.PathLi
     activation_type, weight_type = parse_quant_dtype(quant_dtype)
     method = parse_calibrate_method(calibrate_method)
     parse_quant_format(quant_format)
-    src = load_model(model)
+    src = fold_constant_identities(load_model(model))   # ORT's quantizers crash on shared weights
     where = str(model) if not isinstance(model, onnx.ModelProto) else "model"
     validate(src, where, min_opset=7)   # ORT runs opsets >= 7 (and upgrades them to 11)
     if is_quantized(src):
