@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test install clean
+.PHONY: demo test install clean bench-models bench-accuracy
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -19,6 +19,13 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest
+
+bench-models: $(STAMP)
+	$(BIN)/python -m pip install -q -e '.[bench]'
+	$(BIN)/python benchmarks/models/build.py
+
+bench-accuracy: bench-models
+	$(BIN)/python benchmarks/accuracy.py --json build/accuracy.json
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache

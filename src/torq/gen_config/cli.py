@@ -11,17 +11,11 @@ import sys
 import textwrap
 from pathlib import Path
 
+from ..cli_util import OneLineParser as _Parser
 from ..cli_util import run_main
 from ..errors import TorqError
 
 PROG = "torq-gen-config"
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse, but usage errors are one line too (like every other torq error)."""
-
-    def error(self, message: str):  # noqa: D401 - argparse API
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def _fmt(text: str) -> str:
@@ -42,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
               run        apply the discovered executor map to the whole model, compare with ONNX Runtime
               view       show a discovery report (table, one layer, or a self-contained HTML page)
               edit       change a layer's executor or tolerance by hand
+              evaluate   accuracy of FP32 vs INT8 (ORT) vs INT8 (NSS) on labelled data
         """),
         epilog="Run '%(prog)s COMMAND --help' for the options of a subcommand.")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
@@ -52,6 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.register(sub)
     view.register(sub)
     edit.register(sub)
+    from ..evaluate.cli import register as _add_evaluate
+    _add_evaluate(sub)
     return p
 
 
@@ -114,7 +111,6 @@ def _cmd_quantize(args) -> int:
     if model.exists() and out.exists() and out.resolve() == model.resolve():
         raise TorqError(f"--output {out} would overwrite the input model; choose another path")
     fp32 = load_model(model)  # validate before the spinner; also the "before" of the summary
-    _quiet_ort()
     from rich.console import Console
     with Console(stderr=True).status(f"Calibrating and quantizing {model.name} ..."):
         q = quantize(model, out, calibration_data=args.calibration_data, num_calib=args.num_calib,
@@ -130,12 +126,6 @@ def _cmd_quantize(args) -> int:
     for line in summary_lines(fp32, q, src_path=model, out_path=out, settings=settings):
         print("  " + line)
     return 0
-
-
-def _quiet_ort() -> None:
-    """ORT's C++ logger prints warnings to stderr; a CLI keeps stderr for real errors."""
-    import onnxruntime as ort
-    ort.set_default_logger_severity(3)
 
 
 # ----------------------------------------------------------------------------- entry point

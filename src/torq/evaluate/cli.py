@@ -1,0 +1,89 @@
+"""``torq-gen-config evaluate``: accuracy of FP32 vs INT8 (ORT) vs INT8 (NSS) on a labelled dataset."""
+from __future__ import annotations
+
+import argparse
+import textwrap
+from pathlib import Path
+
+from ..errors import TorqError
+
+DESCRIPTION = """
+    Quantize MODEL (fp32 ONNX) with real calibration images, then classify every evaluation
+    image with FP32 (ONNX Runtime), INT8 (ONNX Runtime) and INT8 (the NSS simulator, native
+    NPU rounding). Prints top-1/top-5, top-1 agreement of each INT8 path with FP32, NSS vs ORT
+    agreement and images/s, and writes evaluation.json, evaluation.md, sqnr.png (per-layer SQNR
+    of INT8 vs FP32 activations) and lsb_hist.png (NSS − ORT int8 logits) to --output-dir.
+
+    dataset SPEC: a folder with labels.tsv (tab-separated header 'file class_index ...'), an
+    .npz with x (images) and y (labels), or an IDX images file (MNIST/Fashion-MNIST
+    *-images-idx3-ubyte[.gz]; labels found by name, or IMAGES,LABELS). Calibration data may also
+    be a plain folder of images. Calibration images are never evaluation images.
+
+    --preprocess: key=value,... with resize=S (short side), crop=C (centre), norm=tf|imagenet|
+    mnist|unit|raw or mean=M,std=S (R/G/B allowed), order=rgb|bgr, layout=nchw|nhwc, channels=1|3.
+"""
+EPILOG = """
+    examples:
+      torq-gen-config evaluate --model effnet_lite0.onnx --dataset imagenet-sample/ \\
+          --preprocess resize=256,crop=224,norm=tf --calibration-data photos/ --batch 8
+      torq-gen-config evaluate --model fmnist.onnx --dataset t10k-images-idx3-ubyte.gz \\
+          --calibration-data train-images-idx3-ubyte.gz --preprocess resize=112,channels=3,norm=tf
+      torq-gen-config evaluate --model digits.onnx --dataset mnist.npz --calibration-split 100 --ray
+"""
+
+
+def register(sub) -> None:
+    """Add the ``evaluate`` subparser to a ``torq-gen-config`` subparsers object."""
+    p = sub.add_parser("evaluate", help="accuracy of FP32 vs INT8 (ORT) vs INT8 (NSS) on labelled data",
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       description=textwrap.dedent(DESCRIPTION).strip(), epilog=textwrap.dedent(EPILOG).strip())
+    p.add_argument("--model", "-m", required=True, metavar="MODEL.onnx", help="fp32 ONNX classifier")
+    p.add_argument("--dataset", "-d", required=True, metavar="SPEC", help="labelled evaluation data")
+    calib = p.add_mutually_exclusive_group()
+    calib.add_argument("--calibration-data", metavar="SPEC", help="calibration images (labels optional)")
+    calib.add_argument("--calibration-split", type=int, default=0, metavar="N",
+                       help="hold N random images of --dataset apart for calibration (not evaluated)")
+    p.add_argument("--num-calib", type=int, default=100, metavar="N",
+                   help="use at most N calibration images (default 100)")
+    p.add_argument("--preprocess", default="", metavar="KEY=VALUE,...", help="declared preprocessing (see above)")
+    p.add_argument("--calibrate-method", default="percentile", metavar="{minmax,entropy,percentile}",
+                   help="activation ranges from calibration data (default percentile: best measured)")
+    p.add_argument("--per-tensor", action="store_true", help="one weight scale per tensor (default per channel)")
+    p.add_argument("--limit", type=int, metavar="N", help="evaluate only the first N images")
+    p.add_argument("--batch", type=int, default=8, metavar="B", help="images per NSS call (default 8)")
+    p.add_argument("--jobs", type=int, default=1, metavar="N", help="NSS worker processes (default 1)")
+    p.add_argument("--ray", nargs="?", const=True, default=None, metavar="ADDRESS",
+                   help="spread NSS batches over a Ray cluster (no ADDRESS: a local Ray instance)")
+    p.add_argument("--sqnr-images", type=int, default=8, metavar="N",
+                   help="images used for the per-layer SQNR (0 = skip; default 8)")
+    p.add_argument("--output-dir", "-o", default="torq_out/evaluate", metavar="DIR",
+                   help="where the JSON, Markdown and PNG files go (default torq_out/evaluate)")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from .preprocess import parse_preprocess
+    from .run import EvalOptions, evaluate
+    for flag in ("batch", "jobs", "num_calib"):
+        if getattr(args, flag) < 1:
+            raise TorqError(f"--{flag.replace('_', '-')} {getattr(args, flag)} must be at least 1")
+    if args.limit is not None and args.limit < 1:
+        raise TorqError(f"--limit {args.limit} must be at least 1")
+    if not Path(args.model).is_file():
+        raise TorqError(f"--model {args.model}: no such file")
+    opts = EvalOptions(preprocess=parse_preprocess(args.preprocess), batch=args.batch, limit=args.limit,
+                       calibration=args.calibration_data, calibration_split=args.calibration_split,
+                       num_calib=args.num_calib, per_channel=not args.per_tensor,
+                       calibrate_method=args.calibrate_method.lower(), sqnr_images=args.sqnr_images,
+                       jobs=args.jobs, ray=args.ray)
+    _quiet_ort()
+    result = evaluate(args.model, args.dataset, options=opts)
+    print(result.markdown())
+    for path in result.write(args.output_dir):
+        print(f"wrote {path}")
+    return 0
+
+
+def _quiet_ort() -> None:
+    import onnxruntime as ort
+    ort.set_default_logger_severity(3)

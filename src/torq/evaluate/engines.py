@@ -1,0 +1,76 @@
+"""The three ways one batch of images is classified: FP32 (ORT), INT8 (ORT), INT8 (NSS).
+
+All three see the same images: FP32 gets the float batch, both INT8 paths get that batch
+quantized with the full-integer model's input scale/zero point (exactly what its removed
+QuantizeLinear computed) and return int8 logits. The NSS runs a model compiled for a fixed
+batch B (``with_batch``); a short last batch is padded with zeros and the padding dropped, so
+every image's result is independent of the batch it travels in.
+"""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+
+from ..errors import TorqError
+
+
+def with_batch(model: onnx.ModelProto, batch: int) -> onnx.ModelProto:
+    """A copy whose graph inputs/outputs have a fixed first dim ``batch`` (shapes re-inferred)."""
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    inits = {t.name for t in m.graph.initializer}
+    for v in [i for i in m.graph.input if i.name not in inits] + list(m.graph.output):
+        dims = v.type.tensor_type.shape.dim
+        if dims:
+            dims[0].Clear()
+            dims[0].dim_value = batch
+    del m.graph.value_info[:]
+    return onnx.shape_inference.infer_shapes(m)
+
+
+def quantize_input(x: np.ndarray, scale: float, zero_point: int) -> np.ndarray:
+    """``clip(round_half_even(x / scale) + zp, -128, 127)``: ONNX QuantizeLinear to int8."""
+    q = np.rint(x.astype(np.float32) / np.float32(scale)) + zero_point
+    return np.clip(q, -128, 127).astype(np.int8)
+
+
+class OrtEngine:
+    """ONNX Runtime on one model (fp32 or the int8 QDQ model with integer kernels)."""
+
+    def __init__(self, model: onnx.ModelProto, threads: int = 0):
+        from ..runtime import reference
+        self.sess = reference.session(model, threads=threads)
+        self.input = self.sess.get_inputs()[0].name
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        return self.sess.run(None, {self.input: x})[0]
+
+
+class NssEngine:
+    """The NSS simulator on the int8 model compiled once for batch ``batch``."""
+
+    def __init__(self, qmodel: onnx.ModelProto, batch: int, rounding: str = "native"):
+        from .. import compile as torq_compile
+        self.batch, self.rounding = batch, rounding
+        self.compiled = torq_compile(with_batch(qmodel, batch), name="evaluate")
+        if self.compiled.report.unsupported:
+            raise TorqError(str(self.compiled.report.unsupported[0]))
+        self.input = self.compiled.input_names[0]
+        self.output = self.compiled.output_names[0]
+        self._warm_up()
+
+    def _warm_up(self) -> None:
+        """One zero batch: the simulator's compiled loops are built now, not during timing."""
+        shape = [d.dim_value for d in self.compiled.model.graph.input[0].type.tensor_type.shape.dim]
+        shape[0] = self.batch
+        self.compiled.run({self.input: np.zeros(shape, np.int8)}, rounding=self.rounding)
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        outs = []
+        for start in range(0, len(x), self.batch):
+            chunk = x[start:start + self.batch]
+            n = len(chunk)
+            if n < self.batch:
+                chunk = np.concatenate([chunk, np.zeros((self.batch - n, *chunk.shape[1:]), chunk.dtype)])
+            outs.append(self.compiled.run({self.input: chunk}, rounding=self.rounding)[self.output][:n])
+        return np.concatenate(outs)

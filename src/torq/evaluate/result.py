@@ -1,0 +1,111 @@
+"""The outcome of one evaluation: numbers, per-image top-5, and its JSON / Markdown / PNG forms."""
+from __future__ import annotations
+
+import contextlib
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from . import metrics
+
+PATHS = ("fp32", "int8_ort", "int8_nss")
+LABELS = {"fp32": "FP32 (ORT)", "int8_ort": "INT8 (ORT)", "int8_nss": "INT8 (NSS)"}
+
+
+@dataclass
+class EvalResult:
+    model: str
+    dataset: str
+    labels: np.ndarray
+    settings: dict
+    top: dict = field(default_factory=dict)            # path -> N×k class indices
+    seconds: dict = field(default_factory=lambda: {p: 0.0 for p in PATHS})
+    sqnr: list = field(default_factory=list)
+    lsb: Counter = field(default_factory=Counter)      # NSS − ORT int8 logits, in LSB
+    _ort_logits: dict = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def start(cls, model, data, opts, classes: int, calib_images: int) -> "EvalResult":
+        k = min(5, classes)
+        settings = {"preprocess": opts.preprocess.describe(), "batch": opts.batch,
+                    "per_channel": opts.per_channel, "calibrate_method": opts.calibrate_method,
+                    "calibration": opts.calibration or f"split of {opts.calibration_split}",
+                    "calibration_images": min(calib_images, opts.num_calib), "classes": classes}
+        r = cls(str(model), data.name, data.labels.copy(), settings)
+        r.top = {p: np.full((len(data), k), -1, np.int64) for p in PATHS}
+        return r
+
+    @property
+    def images(self) -> int:
+        return len(self.labels)
+
+    def record(self, path: str, start: int, logits: np.ndarray) -> None:
+        """Store a batch's top-k; the int8 paths are also compared logit by logit (LSB)."""
+        k = self.top[path].shape[1]
+        self.top[path][start:start + len(logits)] = metrics.topk(logits, k)
+        if path in ("int8_ort", "int8_nss"):
+            other = "int8_nss" if path == "int8_ort" else "int8_ort"
+            if start in self._ort_logits.get(other, {}):
+                a, b = (logits, self._ort_logits[other].pop(start))
+                nss, ort = (a, b) if path == "int8_nss" else (b, a)
+                self.lsb.update(metrics.lsb_histogram(nss, ort))
+            else:
+                self._ort_logits.setdefault(path, {})[start] = np.array(logits, copy=True)
+
+    @contextlib.contextmanager
+    def progress(self, what: str, total: int, show: bool):
+        """A rich progress bar on stderr advanced by finished images (no-op when not shown)."""
+        if not show:
+            yield lambda n: None
+            return
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+        from rich.console import Console
+        with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
+                      TimeRemainingColumn(), console=Console(stderr=True), transient=True) as bar:
+            task = bar.add_task(what, total=total)
+            yield lambda n: bar.advance(task, n)
+
+    def finish(self) -> None:
+        self._ort_logits.clear()
+
+    # ------------------------------------------------------------------ numbers
+    def accuracy(self, path: str) -> dict:
+        return metrics.accuracy(self.top[path], self.labels)
+
+    def agreement(self, a: str, b: str) -> float:
+        return metrics.agreement(self.top[a], self.top[b])
+
+    def images_per_s(self, path: str) -> float:
+        s = self.seconds[path]
+        return self.images / s if s > 0 else math.inf
+
+    def to_json(self, per_image: bool = True) -> dict:
+        out = {"model": self.model, "dataset": self.dataset, "images": self.images, "settings": self.settings}
+        for p in PATHS:
+            out[p] = self.accuracy(p)
+        out["agreement_int8_ort_vs_fp32"] = self.agreement("int8_ort", "fp32")
+        out["agreement_int8_nss_vs_fp32"] = self.agreement("int8_nss", "fp32")
+        out["agreement_nss_vs_ort"] = self.agreement("int8_nss", "int8_ort")
+        out["images_per_s"] = {p: self.images_per_s(p) for p in PATHS}
+        out["sqnr_db"] = [{"tensor": s["tensor"], "sqnr_db": _finite(s["sqnr_db"])} for s in self.sqnr]
+        out["lsb_diff_nss_vs_ort"] = {str(k): v for k, v in sorted(self.lsb.items())}
+        if per_image:
+            out["per_image"] = {"label": self.labels.tolist(),
+                                **{p: self.top[p][:, 0].tolist() for p in PATHS}}
+        return out
+
+    def markdown(self) -> str:
+        from .report import markdown
+        return markdown(self)
+
+    def write(self, folder: str | Path, plots: bool = True) -> list[Path]:
+        """evaluation.json, evaluation.md and (with matplotlib) sqnr.png, lsb_hist.png in ``folder``."""
+        from .report import write
+        return write(self, Path(folder), plots)
+
+
+def _finite(v: float):
+    return v if math.isfinite(v) else ("inf" if v > 0 else "-inf")

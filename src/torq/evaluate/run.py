@@ -1,0 +1,181 @@
+"""``evaluate``: FP32 (ORT) vs INT8 (ORT) vs INT8 (NSS) on a labelled dataset.
+
+Data flow: dataset SPEC → declared preprocessing → fp32 model (folded, ``quantize.fold``) →
+quantized full-integer model calibrated on images that are never evaluated → every evaluation
+image through the three paths → top-k, agreement, per-layer SQNR, LSB histogram.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+from onnxruntime.quantization import CalibrationDataReader
+
+from ..errors import TorqError
+from . import metrics
+from .datasets import Dataset, load_dataset
+from .engines import NssEngine, OrtEngine, quantize_input
+from .preprocess import Preprocess, parse_preprocess
+from .result import EvalResult
+
+PATHS = ("fp32", "int8_ort", "int8_nss")
+
+
+@dataclass
+class EvalOptions:
+    preprocess: Preprocess = field(default_factory=Preprocess)
+    batch: int = 8                         # images per NSS call (the model is compiled for it)
+    limit: int | None = None               # evaluate only the first N evaluation images
+    calibration: str | None = None         # dataset SPEC (labels optional) held apart from evaluation
+    calibration_split: int = 0             # or: take N images out of the evaluation dataset
+    num_calib: int = 100                   # at most this many calibration images
+    per_channel: bool = True
+    calibrate_method: str = "percentile"
+    sqnr_images: int = 8                   # images used for the per-layer SQNR
+    jobs: int = 1                          # NSS worker processes
+    ray: str | bool | None = None          # Ray cluster address, True = a local instance
+    progress: bool = True
+
+
+class DatasetReader(CalibrationDataReader):
+    """Feeds preprocessed images one by one to ORT's calibrator; ``rewind`` starts over."""
+
+    def __init__(self, data: Dataset, prep: Preprocess, shape, input_name: str, count: int):
+        self.data, self.prep, self.shape, self.name = data, prep, shape, input_name
+        self.count = min(count, len(data))
+        self.i = 0
+
+    def get_next(self):
+        if self.i >= self.count:
+            return None
+        self.i += 1
+        return {self.name: self.prep.batch([self.data.load(self.i - 1)], self.shape, self.name)}
+
+    def rewind(self):
+        self.i = 0
+
+
+def input_shape(model: onnx.ModelProto) -> tuple[str, tuple]:
+    """(input name, per-image shape) of the model's single image input; static dims required."""
+    inits = {t.name for t in model.graph.initializer}
+    ins = [i for i in model.graph.input if i.name not in inits]
+    if len(ins) != 1:
+        raise TorqError(f"evaluate needs a model with one image input, this one has {len(ins)}")
+    dims = [d.dim_value if d.HasField("dim_value") else 0 for d in ins[0].type.tensor_type.shape.dim]
+    if len(dims) != 4 or min(dims[1:]) <= 0:
+        raise TorqError(f"model input {ins[0].name!r} must be N×C×H×W or N×H×W×C with static C, H, W; "
+                        f"it is {dims}")
+    return ins[0].name, tuple(dims[1:])
+
+
+def split(data: Dataset, opts: EvalOptions) -> tuple[Dataset, Dataset]:
+    """(evaluation, calibration) datasets; they never share an image."""
+    if opts.calibration and opts.calibration_split:
+        raise TorqError("give either --calibration-data or --calibration-split, not both")
+    if opts.calibration_split:
+        n = opts.calibration_split
+        if n >= len(data):
+            raise TorqError(f"--calibration-split {n} leaves no evaluation images ({len(data)} in the dataset)")
+        perm = np.random.default_rng(0).permutation(len(data))
+        evaluation, calib = data.subset(np.sort(perm[n:])), data.subset(np.sort(perm[:n]))
+    elif opts.calibration:
+        evaluation, calib = data, load_dataset(opts.calibration, labelled=False)
+        if calib.name == data.name:
+            raise TorqError("the calibration data is the evaluation dataset; calibration images must never "
+                            "be evaluated (use --calibration-split N)")
+    else:
+        raise TorqError("evaluate needs real calibration images: --calibration-data SPEC or "
+                        "--calibration-split N")
+    if opts.limit:
+        evaluation = evaluation.subset(np.arange(min(opts.limit, len(evaluation))))
+    return evaluation, calib
+
+
+def prepare(model_path, data: Dataset, calib: Dataset, opts: EvalOptions):
+    """(fp32 model, full-integer int8 model, input name, per-image shape, classes)."""
+    from ..graph.load import load_model
+    from ..quantize import quantize
+    from ..quantize.fold import fold_fp32
+    fp32 = fold_fp32(load_model(model_path))
+    name, shape = input_shape(fp32)
+    reader = DatasetReader(calib, opts.preprocess, shape, name, opts.num_calib)
+    q = quantize(fp32, calibration_data_reader=reader, per_channel=opts.per_channel,
+                 full_integer=True, calibrate_method=opts.calibrate_method)
+    probe = OrtEngine(fp32)(opts.preprocess.batch([data.load(0)], shape, name))
+    classes = int(np.prod(probe.shape[1:]))
+    data.check_classes(classes)
+    return fp32, q, name, shape, classes
+
+
+def batches(data: Dataset, opts: EvalOptions, name: str, shape):
+    """(start, float batch) over the evaluation images, ``opts.batch`` at a time."""
+    for start in range(0, len(data), opts.batch):
+        stop = min(start + opts.batch, len(data))
+        yield start, opts.preprocess.batch([data.load(i) for i in range(start, stop)], shape, name)
+
+
+def evaluate(model, dataset, *, preprocess: str | Preprocess | None = None, options: EvalOptions | None = None,
+             **overrides) -> EvalResult:
+    """Evaluate ``model`` (fp32 ONNX path) on ``dataset`` (SPEC or Dataset); see EvalOptions."""
+    from dataclasses import replace
+
+    from ..quantize import io_quant_params
+    opts = replace(options or EvalOptions(), **overrides)
+    if preprocess is not None:
+        opts = replace(opts, preprocess=parse_preprocess(preprocess) if isinstance(preprocess, str) else preprocess)
+    if opts.batch < 1:
+        raise TorqError(f"--batch {opts.batch} must be at least 1")
+    data = dataset if isinstance(dataset, Dataset) else load_dataset(dataset)
+    data, calib = split(data, opts)
+    fp32, q, name, shape, classes = prepare(model, data, calib, opts)
+    qin = io_quant_params(q)["inputs"][name]
+    result = EvalResult.start(model, data, opts, classes, len(calib))
+    _run_ort_paths(result, data, opts, fp32, q, name, shape, qin)
+    _run_nss_path(result, data, opts, q, name, shape, qin)
+    result.finish()
+    return result
+
+
+def _run_ort_paths(result, data, opts, fp32, q, name, shape, qin) -> None:
+    engines = {"fp32": OrtEngine(fp32), "int8_ort": OrtEngine(q)}
+    sqnr = metrics.LayerSqnr(fp32, q) if opts.sqnr_images else None
+    with result.progress("FP32 + INT8 (ORT)", len(data), opts.progress) as advance:
+        for start, x in batches(data, opts, name, shape):
+            xq = quantize_input(x, qin["scale"], qin["zero_point"])
+            for path, engine in engines.items():
+                t0 = time.perf_counter()
+                out = engine(x if path == "fp32" else xq)
+                result.seconds[path] += time.perf_counter() - t0
+                result.record(path, start, out)
+            if sqnr is not None and start < opts.sqnr_images:
+                sqnr.add(x[:opts.sqnr_images - start], xq[:opts.sqnr_images - start])
+            advance(len(x))
+    result.sqnr = sqnr.result() if sqnr is not None else []
+
+
+def _run_nss_path(result, data, opts, q, name, shape, qin) -> None:
+    from .parallel import nss_outputs
+
+    feeding = [0.0]                        # preprocessing time, not the simulator's
+
+    def inputs():
+        it = batches(data, opts, name, shape)
+        while True:
+            t0 = time.perf_counter()
+            item = next(it, None)
+            if item is None:
+                return
+            start, x = item
+            xq = quantize_input(x, qin["scale"], qin["zero_point"])
+            feeding[0] += time.perf_counter() - t0
+            yield start, xq
+
+    with result.progress("INT8 (NSS)", len(data), opts.progress) as advance:
+        stream = nss_outputs(q, opts, inputs())
+        t0 = time.perf_counter()
+        for start, out in stream:
+            result.record("int8_nss", start, out)
+            advance(len(out))
+        result.seconds["int8_nss"] = time.perf_counter() - t0 - feeding[0]
