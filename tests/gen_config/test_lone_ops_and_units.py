@@ -26,7 +26,7 @@ def test_lone_relu_is_refused_without_wrapping():
         quantize(_single("Relu"))
 
 
-@pytest.mark.parametrize("op,fmt", [("Relu", "qdq"), ("Relu", "qoperator"), ("Flatten", "qoperator"),
+@pytest.mark.parametrize("op,fmt", [("Relu", "qdq"), ("HardSwish", "qdq"), ("Relu", "qoperator"), ("Flatten", "qoperator"),
                                     ("GlobalAveragePool", "qoperator"), ("HardSigmoid", "qdq")])
 def test_lone_op_wrapped_lowers_on_nss_bit_exact(op, fmt):
     import torq

@@ -112,7 +112,10 @@ def run_discovery(opts: DiscoverOptions, progress=None) -> tuple[dict, Path]:
     ctx = Context(opts, report, path, ResultCache(cache_dir(), opts.recompute_cache))
     plan = _plan(ctx, layers)
     tested = [lay for lay, why in zip(layers, plan) if why == "test"]
-    with _results(opts, [(opts, lay, schema.tolerance(report, lay.id)) for lay in tested]) as results:
+    calib = _layer_calibration(opts, tested)
+    qkey = dict(report["quantization"], model_sha256=None) if opts.quant.quantize else None
+    work = [(opts, lay, schema.tolerance(report, lay.id), calib.get(lay.id), qkey) for lay in tested]
+    with _results(opts, work) as results:
         for i, (layer, (k, loc), why) in enumerate(zip(layers, places, plan)):
             if progress:
                 progress(i, len(layers), layer.id)
@@ -128,6 +131,19 @@ def run_discovery(opts: DiscoverOptions, progress=None) -> tuple[dict, Path]:
     report["discovery_report"]["summary"].update(computed=ctx.computed, from_cache=ctx.cache.hits)
     schema.save(report, path)
     return report, path
+
+
+def _layer_calibration(opts: DiscoverOptions, layers) -> dict:
+    """With --calibration-data: layer id -> {input name: samples} from the full fp32 model."""
+    if not (opts.quant.quantize and opts.quant.calibration_data):
+        return {}
+    from ..graph.load import load_model
+    from ..quantize.per_layer import layer_samples
+    inputs = {lay.id: [v.name for v in lay.model.graph.input
+                       if v.name not in {t.name for t in lay.model.graph.initializer}] for lay in layers}
+    samples = layer_samples(load_model(opts.model), {n for names in inputs.values() for n in names},
+                            opts.quant.calibration_data, opts.quant.num_calib)
+    return {lid: {n: samples[n] for n in names} for lid, names in inputs.items()}
 
 
 @contextlib.contextmanager
@@ -196,10 +212,13 @@ def _fill(ctx: Context, layer, entry: dict, why, results) -> None:
     entry["recommended_executor"] = schema.recommend(entry["executors"], ctx.opts.recommend_by_timing)
 
 
-def _test_executors(opts: DiscoverOptions, layer, tol: dict) -> tuple[dict, int, int]:
-    """(results per executor, 1 if the layer was tested here else 0, cache hits). Runs in workers."""
+def _test_executors(opts: DiscoverOptions, layer, tol: dict, calib=None, qkey=None) -> tuple[dict, int, int]:
+    """(results per executor, 1 if the layer was tested here else 0, cache hits). Runs in workers.
+
+    Cache key: the layer's bytes + ``qkey`` (quantization flags and calibration data hash) + the
+    rest of the flags that change a result."""
     cache = ResultCache(cache_dir(), opts.recompute_cache)
-    flags = {"quant": opts.quant.kwargs() if opts.quant.quantize else None, "tol": tol,
+    flags = {"quant": qkey, "tol": tol,
              "timing_runs": opts.timing_runs, "rounding": opts.rounding, "seed": layer_test.SEED}
     key = cache.key(layer.model.SerializeToString(), flags)
     prepared, results = None, {}
@@ -207,14 +226,15 @@ def _test_executors(opts: DiscoverOptions, layer, tol: dict) -> tuple[dict, int,
         r = cache.get(key, ex)
         if r is None:
             if prepared is None:
-                prepared = layer_test.prepare(layer.model, opts.quant, opts.debug_ir, layer_test.safe_name(layer.id))
+                prepared = layer_test.prepare(layer.model, opts.quant, opts.debug_ir,
+                                              layer_test.safe_name(layer.id), calib)
             r = layer_test.run_executor(prepared, ex, tol, cache.root, opts.rounding, opts.timing_runs)
             cache.put(key, ex, r)
         results[ex] = r
         if opts.skip_mode and r["status"] == "success":
             break
     if opts.repro_dir and any(r["status"] != "success" for r in results.values()):
-        prepared = prepared or layer_test.prepare(layer.model, opts.quant, None, "layer")
+        prepared = prepared or layer_test.prepare(layer.model, opts.quant, None, "layer", calib)
         layer_test.write_repro(Path(opts.repro_dir), layer.id, prepared, results, opts.argv)
     return results, int(prepared is not None), cache.hits
 

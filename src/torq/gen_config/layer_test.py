@@ -25,14 +25,21 @@ class Prepared:
     error: X.ExecutorError | None = None    # a failure before any executor ran
 
 
-def prepare(fp32_layer, quant, debug_ir=None, name="layer") -> Prepared:
-    """Quantize (with lone-op wrapping), make inputs, run ORT, compile once for all executors."""
+def prepare(fp32_layer, quant, debug_ir=None, name="layer", calib=None) -> Prepared:
+    """Quantize (with lone-op wrapping), make inputs, run ORT, compile once for all executors.
+
+    ``calib``: the layer's input activations from the full model's calibration data (else the
+    quantizer's synthetic data, as the reference tool does per layer)."""
     from ..runtime import reference
     p = Prepared()
     try:
         if quant.quantize:
             from ..quantize import quantize
-            p.model = quantize(fp32_layer, wrap_lone_ops=True, **quant.kwargs())
+            kwargs = quant.kwargs()
+            if calib is not None:
+                from ..quantize.per_layer import reader_for
+                kwargs.update(calibration_data=None, calibration_data_reader=reader_for(fp32_layer, calib))
+            p.model = quantize(fp32_layer, wrap_lone_ops=True, **kwargs)
         else:
             p.model = fp32_layer
     except Exception as e:  # noqa: BLE001
