@@ -1,29 +1,79 @@
-"""Shared CLI plumbing: one-line errors, no tracebacks, distinct exit codes."""
+"""Shared CLI plumbing: one-line errors, no tracebacks, distinct exit codes.
+
+Every error path prints exactly one line on stderr: our own TorqError, a numpy warning that
+escalated, an internal bug (unless TORQ_DEBUG=1), ^C, or a closed stdout pipe (`| head`)."""
 from __future__ import annotations
 
+import argparse
 import os
 import sys
+import warnings
 from typing import Callable
 
-from .errors import TorqError
+from .errors import TorqError, one_line
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but usage errors are one line too (like every other torq error)."""
+
+    def error(self, message: str):  # noqa: D401 - argparse API
+        self.exit(2, f"{self.prog}: error: {one_line(message, None)} (see {self.prog} --help)\n")
+
+
+def quiet_native_logs() -> None:
+    """ONNX Runtime's C++ logger writes coloured lines to stderr (even for errors we report
+    ourselves); only fatal ones are kept."""
+    try:
+        import onnxruntime as ort
+    except ImportError:  # pragma: no cover - a dependency
+        return
+    ort.set_default_logger_severity(4)
 
 
 def run_main(prog: str, fn: Callable[[], int | None]) -> int:
     """Run a CLI body; TorqError -> 'prog: error: msg' on stderr, exit 2.
 
     Set TORQ_DEBUG=1 to see tracebacks of unexpected failures."""
+    quiet_native_logs()
     try:
-        return fn() or 0
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)    # numpy: overflow, invalid value, ...
+            return fn() or 0
     except TorqError as e:
-        print(f"{prog}: error: {e}", file=sys.stderr)
+        _say(f"{prog}: error: {one_line(e, limit=None)}")
         return 2
+    except (RuntimeWarning, FloatingPointError) as e:
+        if os.environ.get("TORQ_DEBUG"):
+            raise
+        _say(f"{prog}: error: numeric problem: {one_line(e)} (the model or data produce "
+             "overflowing or undefined values; set TORQ_DEBUG=1 for a traceback)")
+        return 2
+    except BrokenPipeError:
+        _stdout_to_devnull()     # the reader (`| head`) has what it wanted: not an error
+        return 0
     except KeyboardInterrupt:
-        print(f"{prog}: interrupted", file=sys.stderr)
+        _say(f"{prog}: interrupted")
         return 130
     except Exception as e:  # a bug: still one line unless debugging
         if os.environ.get("TORQ_DEBUG"):
             raise
-        msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        print(f"{prog}: internal error: {type(e).__name__}: {msg} (set TORQ_DEBUG=1 for a traceback)",
-              file=sys.stderr)
+        _say(f"{prog}: internal error: {type(e).__name__}: {one_line(e)} "
+             "(set TORQ_DEBUG=1 for a traceback)")
         return 1
+
+
+def _say(line: str) -> None:
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except (BrokenPipeError, OSError):
+        pass
+
+
+def _stdout_to_devnull() -> None:
+    """After EPIPE, point stdout at /dev/null so the interpreter's final flush stays quiet."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass

@@ -1,7 +1,8 @@
 """``python -m torq.demo`` (``make demo``): the whole toolchain on the built-in example model.
 
-Each step is one function taking the output folder and returning what it produced, so later
-steps (compile, simulate, compare) are appended to ``main`` after ``quantize_step``."""
+Each step is one function taking the output folder and returning what it produced: quantize,
+compile + verify against ONNX Runtime, then the user workflow: discover the per-layer executor
+map (NSS / CSS / HOST) and run the whole model with it."""
 from __future__ import annotations
 
 import sys
@@ -57,11 +58,45 @@ def verify_step(compiled) -> bool:
     return result.ok
 
 
+def discover_step(out_dir: str | Path = OUT_DIR):
+    """torq-gen-config discover: every layer quantized alone, tried on NSS, CSS and HOST."""
+    from .gen_config.discover import DiscoverOptions, run_discovery
+    from .gen_config.options import QuantSettings
+    from .gen_config.progress import layer_progress
+    from .gen_config.view import print_table
+
+    out_dir = Path(out_dir)
+    opts = DiscoverOptions(model=out_dir / "example.onnx", output_dir=out_dir,
+                           quant=QuantSettings(quantize=True, full_integer=True))
+    print("[5] torq-gen-config discover --quantize --full-integer (each layer on nss, css, host vs ORT):")
+    with layer_progress("discover") as bar:
+        report, path = run_discovery(opts, bar)
+    print_table(report)
+    print(f"    report -> {path}")
+    return opts
+
+
+def run_step(opts) -> bool:
+    """torq-gen-config run: the whole model with the discovered map, vs ONNX Runtime."""
+    from .gen_config.run import RunOptions, run_full
+
+    print("[6] torq-gen-config run (whole model, executor segments, native rounding) vs ONNX Runtime:")
+    report, _ = run_full(RunOptions(opts.model, opts.output_dir, opts.quant))
+    m = report["full_model_metrics"]
+    segs = ", ".join(f"{s['executor']}×{s['layers']}" for s in m["segments"])
+    print(f"    segments: {segs}; "
+          f"max |Δ| {m['max_abs_lsb']:g} LSB (tolerance ±{m['tolerance_lsb']:g}), "
+          f"top-1 agreement {m.get('top1_agreement', 1):.0%}: {'PASS' if m['passed'] else 'FAIL'}")
+    return m["passed"]
+
+
 def main() -> int:
     def body() -> int:
         q_path = quantize_step(OUT_DIR)
         compiled = compile_step(q_path, OUT_DIR)
-        return 0 if verify_step(compiled) else 1
+        ok = verify_step(compiled)
+        opts = discover_step(OUT_DIR)
+        return 0 if run_step(opts) and ok else 1
     return run_main("torq.demo", body)
 
 

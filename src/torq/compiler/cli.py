@@ -5,7 +5,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from ..cli_util import run_main
+from ..cli_util import OneLineParser, run_main
 from ..errors import TorqError
 
 EMIT_STAGES = ("torch_onnx", "torch", "linalg", "torq_hl")
@@ -25,7 +25,7 @@ Exit 0 only if `ort` rounding is bit-exact and every native difference is <= 1 L
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog="torq-compile", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG,
         description="Compile an int8 ONNX model (QDQ or QOperator, e.g. from `torq-gen-config quantize`) "
                     "to TORQ NPU ops (torq_hl) and optionally prove it against ONNX Runtime.")

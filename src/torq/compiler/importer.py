@@ -1,12 +1,18 @@
-"""ONNX -> torch-mlir -> linalg-on-tensors, in process (no torch needed).
+"""ONNX -> torch-mlir -> linalg-on-tensors (no torch needed), isolated in a child process.
 
 The imported module is printed to text and re-parsed from that text, so every op's location is
 the LINE:COL of its `torch.operator` in that text: the key of the compiler JSON. Lowering passes
 keep those locations, so each linalg op (and each torq_hl op built from it) names its ONNX node.
+
+torch-mlir trusts its input: a value we failed to validate can crash it natively (SIGSEGV,
+abort, runaway memory). So import + pipelines run in a forked child with a memory cap
+(`isolation.py`); the child hands back every stage's text and the linalg module as bytecode
+(locations included), and a crash becomes a one-line TorqError naming the node.
 """
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import re
 import tempfile
@@ -14,7 +20,7 @@ from dataclasses import dataclass, field
 
 import onnx
 
-from ..errors import TorqError
+from ..errors import TorqError, one_line
 
 STAGES = ("torch_onnx", "torch", "linalg")
 
@@ -40,7 +46,12 @@ def new_context():
 
 @contextlib.contextmanager
 def _quiet_stderr():
-    """torch-mlir's QLinearConv lowering prints debug lines straight to fd 2; keep them from users."""
+    """torch-mlir's QLinearConv lowering prints debug lines straight to fd 2; keep them from users
+    (in the isolated child fd 2 is already the diagnostics file the parent keeps)."""
+    from . import isolation
+    if isolation.IN_CHILD:
+        yield
+        return
     try:
         fd = os.dup(2)
     except OSError:  # no real stderr (embedded use)
@@ -57,9 +68,12 @@ def _quiet_stderr():
 
 @dataclass
 class ImportedModel:
-    """torch-onnx MLIR text plus the LINE:COL of every non-Constant torch.operator, in order."""
+    """torch-onnx MLIR text plus the LINE:COL of every non-Constant torch.operator, in order.
+
+    `lowered` holds what the isolated child already computed: stage -> text, and "bytecode"."""
     text: str
     operator_locations: list[tuple[str, str]] = field(default_factory=list)  # (onnx op type, "L:C")
+    lowered: dict = field(default_factory=dict, repr=False)
 
 
 def operator_locations(text: str) -> list[tuple[str, str]]:
@@ -73,20 +87,44 @@ def operator_locations(text: str) -> list[tuple[str, str]]:
 
 
 def import_onnx(model: onnx.ModelProto) -> ImportedModel:
+    """Import the model and lower it to linalg in an isolated child (see `isolation.py`)."""
+    from . import isolation
+    if not isolation.enabled():
+        return import_in_process(model)      # lower_to_linalg then runs the pipelines here
+    import torch_mlir.dialects.torch  # noqa: F401 - loaded before the fork: the child
+    import torch_mlir.extras.onnx_importer  # noqa: F401 - starts warm and within its memory cap
+    import torch_mlir.passmanager  # noqa: F401
+
+    from . import torq_hl  # noqa: F401
+    return isolation.run_isolated(import_and_lower, model)
+
+
+def import_and_lower(model: onnx.ModelProto) -> ImportedModel:
+    """Import + every pipeline, in this process; the stages' texts and the linalg bytecode."""
+    imported = import_in_process(model)
+    stages = {}
+    module = _lower(imported, None, lambda stage, m: stages.__setitem__(stage, m.operation.get_asm()))
+    buf = io.BytesIO()
+    module.operation.write_bytecode(buf)
+    imported.lowered = {**stages, "bytecode": buf.getvalue()}
+    return imported
+
+
+def import_in_process(model: onnx.ModelProto) -> ImportedModel:
     """Run torch-mlir's ONNX importer and return the torch-onnx dialect text."""
     from torch_mlir.extras import onnx_importer
 
     try:
         model = onnx.shape_inference.infer_shapes(model, data_prop=True)
     except Exception as e:  # noqa: BLE001 - onnx raises many types
-        raise TorqError(f"ONNX shape inference failed: {str(e).splitlines()[0]}") from None
+        raise TorqError(f"ONNX shape inference failed: {one_line(e)}") from None
     ctx = new_context()
     try:
         info = onnx_importer.ModelInfo(model)
         module = info.create_module(context=ctx).operation
         onnx_importer.NodeImporter.define_function(info.main_graph, module).import_all()
     except Exception as e:  # noqa: BLE001
-        raise TorqError(f"torch-mlir cannot import the model: {str(e).splitlines()[0]}") from None
+        raise TorqError(f"torch-mlir cannot import the model: {one_line(e)}") from None
     text = module.get_asm(large_elements_limit=None)
     return ImportedModel(text, operator_locations(text))
 
@@ -125,9 +163,22 @@ def run_pipeline(module, pipeline: str, what: str) -> None:
 
 
 def lower_to_linalg(imported: ImportedModel, ctx=None, dump=None):
-    """torch-onnx text -> torch backend -> linalg-on-tensors module (in place on a fresh parse).
+    """torch-onnx text -> torch backend -> linalg-on-tensors module.
 
-    `dump(stage, module)` is called after each stage (used by --debug-ir)."""
+    `dump(stage, text)` is called for each stage (used by --debug-ir). Uses the isolated child's
+    result when `imported` came from `import_onnx`, else lowers the text in process."""
+    if not imported.lowered:
+        return _lower(imported, ctx, dump and (lambda stage, m: dump(stage, m.operation.get_asm())))
+    from torch_mlir import ir
+    if dump:
+        dump("torch_onnx", imported.text)
+        dump("torch", imported.lowered["torch"])
+        dump("linalg", imported.lowered["linalg"])
+    return ir.Module.parse(imported.lowered["bytecode"], context=ctx or new_context())
+
+
+def _lower(imported: ImportedModel, ctx, dump):
+    """The pipelines on a fresh parse of the torch-onnx text; `dump(stage, module)` after each."""
     module = parse(imported.text, ctx)
     if dump:
         dump("torch_onnx", module)

@@ -13,6 +13,7 @@ reshapes, generics on constants) are folded with numpy in the exact MLIR dtypes.
 """
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -159,8 +160,8 @@ class Folder:
 
 def _key(v):
     op = producer(v)
-    if op is None:
-        return ("arg", str(v.get_name()))
+    if op is None:     # a block argument (never Value.get_name(): it numbers the whole function)
+        return ("arg", v)
     return ("res", id_of(op), v.result_number if hasattr(v, "result_number") else 0)
 
 
@@ -238,15 +239,15 @@ class Generic:
     def tree(self):
         """Expression tree of the yielded value with constant sub-expressions folded."""
         memo = {}
-        args = list(self.block.arguments)
-        arg_pos = {str(a.get_name()): i for i, a in enumerate(args)}
         yield_op = list(self.block.operations)[-1]
 
         def build(v):
             from torch_mlir import ir
             owner = v.owner
             if isinstance(owner, ir.Block):
-                i = arg_pos[str(v.get_name())]
+                if owner != self.block:
+                    raise NotImplementedError("captured block argument")
+                i = ir.BlockArgument(v).arg_number
                 if i >= len(self.inputs):
                     raise NotImplementedError("generic reads its output")
                 if i in self.consts:
@@ -275,6 +276,14 @@ class Generic:
 
         return build(yield_op.operands[0])
 
+    def tree_or_none(self):
+        """tree(), or None for a body this reader cannot evaluate (e.g. linalg.index): the
+        recognisers then simply do not match, and the op is reported with a reason."""
+        try:
+            return self.tree()
+        except NotImplementedError:
+            return None
+
     def evaluate(self, var_values: dict | None = None, out_shape=None):
         """Numpy result of the generic for given non-constant inputs (all-parallel generics)."""
         env = {}
@@ -283,7 +292,8 @@ class Generic:
         t = self.tree()
         out = eval_node(t, env) if _is_var(t) else t
         out = np.broadcast_to(out, self.out_shape if out_shape is None else out_shape)
-        return np.ascontiguousarray(out.astype(np_dtype(self.op.results[0].type), copy=False))
+        # np.array, not np.ascontiguousarray: the latter turns a rank-0 result into shape (1,)
+        return np.array(out, dtype=np_dtype(self.op.results[0].type), order="C")
 
 
 def _is_dim(e) -> bool:
@@ -354,8 +364,10 @@ def eval_node(t, env):
             return (np.sign(x) * np.floor(np.abs(x) + 0.5)).astype(rt)
         if name == "math.floor":
             return np.floor(a[0]).astype(rt)
-        if name == "math.exp":
-            return np.exp(a[0]).astype(rt)
+        if name in _UNARY_MATH:
+            return _UNARY_MATH[name](np.asarray(a[0])).astype(rt)
+        if name == "math.powf":
+            return np.power(a[0], a[1], dtype=rt)
         if name == "arith.select":
             return np.where(a[0], a[1], a[2]).astype(rt)
         if name == "arith.cmpf":
@@ -363,6 +375,15 @@ def eval_node(t, env):
         if name == "arith.cmpi":
             return _cmp(t.attr.split("|")[0], a[0], a[1], ordered=False)
     raise NotImplementedError(f"{name} in linalg.generic body")
+
+
+# Float32 in, float32 out; erf has no numpy ufunc: float64 math.erf rounded once to float32.
+_UNARY_MATH = {
+    "math.exp": np.exp, "math.tanh": np.tanh, "math.sqrt": np.sqrt, "math.log": np.log,
+    "math.absf": np.abs, "math.ceil": np.ceil, "math.trunc": np.trunc,
+    "math.rsqrt": lambda x: np.float32(1) / np.sqrt(x),
+    "math.erf": lambda x: np.frompyfunc(math.erf, 1, 1)(x.astype(np.float64)).astype(np.float64),
+}
 
 
 def _cmp(pred: str, x, y, ordered):
@@ -433,7 +454,7 @@ def as_dequant(g: Generic) -> DQ | None:
     """x_int -> (x - zp) * scale (f32), per-tensor or per-channel."""
     if len(g.var_inputs) != 1 or not g.parallel:
         return None
-    t = g.tree()
+    t = g.tree_or_none()
     if not (isinstance(t, Node) and t.op == "arith.mulf"):
         return None
     a, b = t.args
@@ -465,7 +486,7 @@ def as_quant(g: Generic) -> Q | None:
     """f32 -> clamp(roundeven(x / scale) + zp, lo, hi) as int."""
     if len(g.var_inputs) != 1 or not g.parallel:
         return None
-    t = g.tree()
+    t = g.tree_or_none()
     if not (isinstance(t, Node) and t.op == "arith.fptosi"):
         return None
     x = t.args[0]
@@ -496,7 +517,7 @@ def as_binary(g: Generic, opname: str):
     """Both inputs variable and the body is a single `opname` of the two block args."""
     if len(g.var_inputs) != 2 or not g.parallel:
         return None
-    t = g.tree()
+    t = g.tree_or_none()
     if isinstance(t, Node) and t.op == opname and all(isinstance(a, Arg) for a in t.args):
         return t.args[0].index, t.args[1].index
     return None
@@ -506,7 +527,7 @@ def as_scalar_op(g: Generic, opname: str):
     """One variable input, body = opname(x, const) (e.g. divf by the pool window size)."""
     if len(g.var_inputs) != 1 or not g.parallel:
         return None
-    t = g.tree()
+    t = g.tree_or_none()
     if isinstance(t, Node) and t.op == opname and isinstance(t.args[0], Arg) and not _is_var(t.args[1]):
         return t.args[0].index, t.args[1]
     return None
@@ -528,7 +549,7 @@ def as_clamp(g: Generic):
     if len(g.var_inputs) != 1 or not g.parallel:
         return None
     lo, hi = -np.inf, np.inf
-    t = g.tree()
+    t = g.tree_or_none()
     while not isinstance(t, Arg):
         if not isinstance(t, Node):
             return None

@@ -81,18 +81,10 @@ def lower(module, ort_zp_shift: int = 0, onnx_ops: dict | None = None) -> Loweri
 
 def _lower(module, ctx: Ctx) -> LoweringReport:
     for op in func_ops(module):
-        root = ctx.quant_root(op)
-        if root is None:
-            continue
-        for rule in RULES:
-            m = rule.match(ctx, root)
-            if isinstance(m, Fail) or m is None:
-                continue
-            new = rule.rewrite(ctx, root, m)
-            if isinstance(new, Fail):
-                continue
-            _replace(root.op, new)
-            break
+        try:
+            _lower_root(ctx, op)
+        except NotImplementedError as e:    # linalg our reader cannot evaluate: a reason, not a crash
+            ctx.fail(op, f"cannot analyse this computation ({e})")
     for op in func_ops(module):
         for rule in OP_RULES:
             m = rule.match_op(ctx, op)
@@ -118,6 +110,25 @@ def _lower(module, ctx: Ctx) -> LoweringReport:
                 ctx.fail(op, f"standalone DequantizeLinear: {e}")
     dce(module)
     return report(module, ctx)
+
+
+def _lower_root(ctx: Ctx, op) -> None:
+    """Rewrite the quantize `op` (if it is one) with the first rule that matches it."""
+    root = ctx.quant_root(op)
+    if root is None:
+        return
+    for rule in RULES:
+        m = rule.match(ctx, root)
+        if isinstance(m, Fail) or m is None:
+            continue
+        try:
+            new = rule.rewrite(ctx, root, m)
+        except ValueError as e:     # numerics refuses a constant the hardware cannot hold
+            new = ctx.fail(root.op, str(e))
+        if isinstance(new, Fail):
+            continue
+        _replace(root.op, new)
+        return
 
 
 def report(module, ctx: Ctx | None = None) -> LoweringReport:

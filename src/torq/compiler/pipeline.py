@@ -76,10 +76,12 @@ def compile(model, debug_ir: str | os.PathLike | None = None, name: str | None =
 
     debug_ir: a folder that receives <name>.<stage>.mlir for every stage."""
     from ..graph.load import load_model
+    from ..graph.validate import validate
     t0 = time.perf_counter()
     if name is None:
         name = Path(model).stem if isinstance(model, (str, os.PathLike)) else (model.graph.name or "model")
-    model = load_model(model)
+    where, model = (str(model) if isinstance(model, (str, os.PathLike)) else "model"), load_model(model)
+    validate(model, where)             # attribute values torch-mlir would trust blindly
     original = model
     try:
         from ..graph.canonicalize import canonicalize
@@ -92,8 +94,8 @@ def compile(model, debug_ir: str | os.PathLike | None = None, name: str | None =
     imported = importer.import_onnx(model)
     t1 = time.perf_counter()
 
-    def dump(stage, module):
-        stages[stage] = imported.text if stage == "torch_onnx" else module.operation.get_asm()
+    def dump(stage, text):
+        stages[stage] = text
 
     module = importer.lower_to_linalg(imported, dump=dump)
     t2 = time.perf_counter()

@@ -1,7 +1,7 @@
 """``torq-gen-config``: the user-facing CLI. One subparser + one ``_cmd_<name>(args)`` per subcommand.
 
-Adding a subcommand (``discover``, ``run``, ...): write ``_add_<name>(sub)`` that registers its
-parser with ``set_defaults(func=_cmd_<name>)``, and call it from ``build_parser``. Every error
+Adding a subcommand: a module with ``register(sub)`` that adds its parser with
+``set_defaults(func=...)``, and one ``<module>.register(sub)`` line in ``build_parser``. Every error
 goes through ``run_main``: one line on stderr, exit code 2, no traceback, no partial output.
 """
 from __future__ import annotations
@@ -11,17 +11,11 @@ import sys
 import textwrap
 from pathlib import Path
 
+from ..cli_util import OneLineParser as _Parser
 from ..cli_util import run_main
 from ..errors import TorqError
 
 PROG = "torq-gen-config"
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse, but usage errors are one line too (like every other torq error)."""
-
-    def error(self, message: str):  # noqa: D401 - argparse API
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def _fmt(text: str) -> str:
@@ -38,14 +32,21 @@ def build_parser() -> argparse.ArgumentParser:
 
             subcommands:
               quantize   static int8 quantization of an fp32 ONNX model (ONNX Runtime)
+              discover   per-layer executor discovery: NSS simulator, CSS (IREE vmvx), HOST (IREE llvm-cpu)
+              run        apply the discovered executor map to the whole model, compare with ONNX Runtime
+              view       show a discovery report (table, one layer, or a self-contained HTML page)
+              edit       change a layer's executor or tolerance by hand
               evaluate   accuracy of FP32 vs INT8 (ORT) vs INT8 (NSS) on labelled data
-              discover   per-layer executor discovery (coming)
-              run        apply a discovered executor map to the whole model (coming)
         """),
         epilog="Run '%(prog)s COMMAND --help' for the options of a subcommand.")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
+    from . import discover, edit, run, view
     _add_quantize(sub)
+    discover.register(sub)
+    run.register(sub)
+    view.register(sub)
+    edit.register(sub)
     from ..evaluate.cli import register as _add_evaluate
     _add_evaluate(sub)
     return p
@@ -110,7 +111,6 @@ def _cmd_quantize(args) -> int:
     if model.exists() and out.exists() and out.resolve() == model.resolve():
         raise TorqError(f"--output {out} would overwrite the input model; choose another path")
     fp32 = load_model(model)  # validate before the spinner; also the "before" of the summary
-    _quiet_ort()
     from rich.console import Console
     with Console(stderr=True).status(f"Calibrating and quantizing {model.name} ..."):
         q = quantize(model, out, calibration_data=args.calibration_data, num_calib=args.num_calib,
@@ -128,16 +128,11 @@ def _cmd_quantize(args) -> int:
     return 0
 
 
-def _quiet_ort() -> None:
-    """ORT's C++ logger prints warnings to stderr; a CLI keeps stderr for real errors."""
-    import onnxruntime as ort
-    ort.set_default_logger_severity(3)
-
-
 # ----------------------------------------------------------------------------- entry point
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.argv = list(argv) if argv is not None else sys.argv[1:]   # for reproduction commands
     return run_main(PROG, lambda: args.func(args))
 
 

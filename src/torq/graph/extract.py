@@ -188,7 +188,7 @@ def _probe_types(m: onnx.ModelProto, names: list[str]) -> dict[str, onnx.TypePro
     try:
         opts = ort.SessionOptions()
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-        opts.log_severity_level = 3
+        opts.log_severity_level = 4
         sess = ort.InferenceSession(probe.SerializeToString(), opts, providers=["CPUExecutionProvider"])
         outs = sess.run(None, feeds)
     except Exception:

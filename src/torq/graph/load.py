@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, numpy_helper
 
-from ..errors import TorqError
+from ..errors import TorqError, one_line, quote
 
 #: Operator domains torq understands; anything else is a custom op nobody can run.
 KNOWN_DOMAINS = {"", "ai.onnx", "com.microsoft", "ai.onnx.ml"}
@@ -22,11 +22,6 @@ _FLOAT_TYPES = {TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16, Tens
 _QUANT_INT_TYPES = {TensorProto.INT8, TensorProto.UINT8, TensorProto.INT16, TensorProto.UINT16}
 _WEIGHT_OPS = {"Conv", "ConvTranspose", "Gemm", "MatMul", "ConvInteger", "MatMulInteger"}
 _TWO_GB = 2**31
-
-
-def _one_line(text: str, limit: int = 300) -> str:
-    s = " ".join(str(text).split())
-    return s if len(s) <= limit else s[: limit - 3] + "..."
 
 
 def load_model(model: str | os.PathLike | onnx.ModelProto) -> onnx.ModelProto:
@@ -38,10 +33,10 @@ def load_model(model: str | os.PathLike | onnx.ModelProto) -> onnx.ModelProto:
     if isinstance(model, onnx.ModelProto):
         m = onnx.ModelProto()
         m.CopyFrom(model)
-        where = f"model '{m.graph.name or '<in memory>'}'"
+        where = f"model {quote(m.graph.name or '<in memory>')}"
         for t, _ in _iter_tensors(m.graph):
             if t.data_location == TensorProto.EXTERNAL:
-                raise TorqError(f"{where}: tensor '{t.name}' has external data that is not loaded; "
+                raise TorqError(f"{where}: tensor {quote(t.name)} has external data that is not loaded; "
                                 "pass the model's file path instead")
         _validate(m, where, None)
         return m
@@ -93,16 +88,16 @@ def _iter_tensors(g: onnx.GraphProto) -> Iterator[tuple[onnx.TensorProto, str]]:
     """Every stored tensor (initializers, sparse values, Constant/attribute tensors) with an owner label."""
     for sub in _iter_graphs(g):
         for t in sub.initializer:
-            yield t, f"initializer '{t.name}'"
+            yield t, f"initializer {quote(t.name)}"
         for st in sub.sparse_initializer:
-            yield st.values, f"sparse initializer '{st.values.name}'"
+            yield st.values, f"sparse initializer {quote(st.values.name)}"
         for n in sub.node:
             for a in n.attribute:
                 if a.type == onnx.AttributeProto.TENSOR:
-                    yield a.t, f"node '{n.name or n.output[0]}' ({n.op_type}) attribute '{a.name}'"
+                    yield a.t, f"node {quote(n.name or n.output[0])} ({n.op_type}) attribute {quote(a.name)}"
                 elif a.type == onnx.AttributeProto.TENSORS:
                     for t in a.tensors:
-                        yield t, f"node '{n.name or n.output[0]}' ({n.op_type}) attribute '{a.name}'"
+                        yield t, f"node {quote(n.name or n.output[0])} ({n.op_type}) attribute {quote(a.name)}"
 
 
 def _load_external_data(m: onnx.ModelProto, path: Path) -> None:
@@ -117,31 +112,31 @@ def _load_external_data(m: onnx.ModelProto, path: Path) -> None:
         loc = info.get("location", "")
         name = t.name or label
         if not loc:
-            raise TorqError(f"{path}: tensor '{name}' has external data without a location")
+            raise TorqError(f"{path}: tensor {quote(name)} has external data without a location")
         if os.path.isabs(loc) or Path(loc).is_absolute() or loc.startswith(("/", "\\")):
-            raise TorqError(f"{path}: tensor '{name}' external data location '{loc}' is an absolute "
+            raise TorqError(f"{path}: tensor {quote(name)} external data location {quote(loc)} is an absolute "
                             "path; it must be a file inside the model's folder")
         target = (base / loc).resolve()
         if not target.is_relative_to(base):
-            raise TorqError(f"{path}: tensor '{name}' external data location '{loc}' points outside "
+            raise TorqError(f"{path}: tensor {quote(name)} external data location {quote(loc)} points outside "
                             f"the model's folder {base}")
         if not target.is_file():
-            raise TorqError(f"{path}: tensor '{name}' external data file '{loc}' not found next to "
+            raise TorqError(f"{path}: tensor {quote(name)} external data file {quote(loc)} not found next to "
                             "the model")
         size = target.stat().st_size
         try:
             offset = int(info.get("offset", 0) or 0)
             length = int(info["length"]) if info.get("length") else size - offset
         except ValueError:
-            raise TorqError(f"{path}: tensor '{name}' has a non-integer external data offset/length") from None
+            raise TorqError(f"{path}: tensor {quote(name)} has a non-integer external data offset/length") from None
         if offset < 0 or length < 0 or offset + length > size:
-            raise TorqError(f"{path}: tensor '{name}' external data [{offset}, {offset + length}) "
-                            f"lies beyond the end of '{loc}' ({size} bytes)")
+            raise TorqError(f"{path}: tensor {quote(name)} external data [{offset}, {offset + length}) "
+                            f"lies beyond the end of {quote(loc)} ({size} bytes)")
     if any_external:
         try:
             onnx.load_external_data_for_model(m, str(base))
         except Exception as e:
-            raise TorqError(f"{path}: cannot read external data: {_one_line(e)}") from None
+            raise TorqError(f"{path}: cannot read external data: {one_line(e)}") from None
 
 
 def _validate(m: onnx.ModelProto, where: str, path: Path | None) -> None:
@@ -153,7 +148,7 @@ def _validate(m: onnx.ModelProto, where: str, path: Path | None) -> None:
         else:
             onnx.checker.check_model(m)
     except Exception as e:
-        raise TorqError(f"{where}: invalid ONNX model: {_one_line(e)}") from None
+        raise TorqError(f"{where}: invalid ONNX model: {one_line(e)}") from None
 
 
 def _check_domains(m: onnx.ModelProto, where: str) -> None:
@@ -161,8 +156,8 @@ def _check_domains(m: onnx.ModelProto, where: str) -> None:
     for g in _iter_graphs(m.graph):
         for i, n in enumerate(g.node):
             if n.domain not in KNOWN_DOMAINS and n.domain not in local:
-                raise TorqError(f"{where}: node '{n.name or f'#{i}'}' ({n.op_type}) uses unknown custom "
-                                f"op domain '{n.domain}' (supported: ai.onnx, com.microsoft, ai.onnx.ml)")
+                raise TorqError(f"{where}: node {quote(n.name or f'#{i}')} ({n.op_type}) uses unknown custom "
+                                f"op domain {quote(n.domain)} (supported: ai.onnx, com.microsoft, ai.onnx.ml)")
 
 
 def _check_finite(m: onnx.ModelProto, where: str) -> None:
@@ -172,7 +167,7 @@ def _check_finite(m: onnx.ModelProto, where: str) -> None:
         try:
             arr = numpy_helper.to_array(t)
         except Exception as e:
-            raise TorqError(f"{where}: {label} cannot be decoded: {_one_line(e)}") from None
+            raise TorqError(f"{where}: {label} cannot be decoded: {one_line(e)}") from None
         arr = np.asarray(arr, dtype=np.float64) if arr.dtype.kind not in "fc" else arr
         if arr.size and not np.isfinite(arr).all():
             bad = "NaN" if np.isnan(arr).any() else "Inf"

@@ -23,7 +23,7 @@ import onnx
 from onnx import helper
 from onnxruntime.quantization import CalibrationDataReader
 
-from ..errors import TorqError
+from ..errors import TorqError, one_line, quote
 
 
 def input_specs(model: onnx.ModelProto) -> list[tuple[str, list[int | None], np.dtype]]:
@@ -126,7 +126,7 @@ def load_dataset(path: str | os.PathLike, model: onnx.ModelProto,
 def _load_npz(path: Path, specs) -> dict[str, np.ndarray]:
     def unreadable(e: Exception) -> TorqError:
         return TorqError(f"{path}: cannot read calibration data as .npz: "
-                         f"{' '.join(str(e).split())[:200] or type(e).__name__}")
+                         f"{one_line(e, 200)}")
     try:
         z = np.load(path, allow_pickle=False)
     except (OSError, ValueError, zipfile.BadZipFile, EOFError) as e:
@@ -158,7 +158,7 @@ def _load_npy_folder(path: Path, specs) -> dict[str, np.ndarray]:
         try:
             arrays[name] = np.load(f, allow_pickle=False)
         except (OSError, ValueError, EOFError) as e:
-            raise TorqError(f"{f}: cannot read calibration array: {' '.join(str(e).split())[:200]}") from None
+            raise TorqError(f"{f}: cannot read calibration array: {one_line(e, 200)}") from None
         if not isinstance(arrays[name], np.ndarray):
             raise TorqError(f"{f}: expected a single .npy array")
     return arrays
@@ -171,7 +171,7 @@ def _matches(shape: tuple[int, ...], dims: list[int | None]) -> bool:
 def _samples_for(path: Path, name: str, dims, dt: np.dtype, arr: np.ndarray) -> list[np.ndarray]:
     """Split one input's array into per-sample arrays of the input's rank and dtype."""
     if arr.dtype.kind not in "biuf":
-        raise TorqError(f"{path}: array for input '{name}' has dtype {arr.dtype}, expected numbers")
+        raise TorqError(f"{path}: array for input {quote(name)} has dtype {arr.dtype}, expected numbers")
     shape = tuple(arr.shape)
     if arr.ndim >= 1 and _matches(shape[1:], dims):
         samples = [arr[i] for i in range(shape[0])]
@@ -179,7 +179,7 @@ def _samples_for(path: Path, name: str, dims, dt: np.dtype, arr: np.ndarray) -> 
         samples = [arr[i:i + 1] for i in range(shape[0])]
     else:
         want = "(N, " + ", ".join("?" if d is None else str(d) for d in dims) + ")"
-        raise TorqError(f"{path}: array for input '{name}' has shape {shape}, expected {want} "
+        raise TorqError(f"{path}: array for input {quote(name)} has shape {shape}, expected {want} "
                         "(first axis = samples)")
     return [np.ascontiguousarray(s, dtype=dt) for s in samples]
 

@@ -32,12 +32,15 @@ import os
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import onnx
 from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
 
-from ..errors import TorqError
+from ..errors import TorqError, one_line
 from ..fileio import save_model
+from ..graph.fold import fold_constant_identities
 from ..graph.load import is_quantized, load_model
+from ..graph.validate import validate
 from .calibration import make_reader
 from .full_integer import convert_to_full_integer
 
@@ -139,7 +142,7 @@ def _run_ort(tmp: Path, reader, fmt, per_channel, activation_type, weight_type, 
              where: str) -> onnx.ModelProto:
     """One quantize_static call on tmp/pre.onnx; any ORT failure becomes a one-line TorqError."""
     try:
-        with _quiet():
+        with _quiet(), np.errstate(all="raise"):
             quantize_static(
                 str(tmp / "pre.onnx"), str(tmp / "int8.onnx"), reader,
                 quant_format=fmt, per_channel=bool(per_channel),
@@ -149,11 +152,28 @@ def _run_ort(tmp: Path, reader, fmt, per_channel, activation_type, weight_type, 
     except TorqError:
         raise
     except Exception as e:
-        msg = " ".join(str(e).split())[:300] or type(e).__name__
-        raise TorqError(f"{where}: ONNX Runtime quantization failed: {msg}") from None
+        raise TorqError(f"{where}: ONNX Runtime quantization failed: {ort_failure(e, tmp, where)}") from None
     q = onnx.load(str(tmp / "int8.onnx"))
     _drop_stale_value_info(q)
     return q
+
+
+#: ORT messages that mean nothing without context -> what they mean for the user.
+_ORT_CONTEXT = {
+    "scale issue": "a tensor's calibrated range is NaN or infinite, so no scale exists "
+                   "(non-finite activations: check the weights and the calibration data)",
+}
+
+
+def ort_failure(e: BaseException, tmp: Path, where: str) -> str:
+    """ORT's error text on one line, naming the user's model instead of our temp copies."""
+    msg = one_line(e)
+    for name in ("pre.onnx", "fp32.onnx", "int8.onnx"):
+        msg = msg.replace(str(tmp / name), where)
+    msg = msg.replace(str(tmp), "<temp dir>")
+    if isinstance(e, FloatingPointError):
+        return f"numeric error during calibration ({msg}); the weights or calibration data overflow"
+    return _ORT_CONTEXT.get(msg, msg)
 
 
 def _drop_stale_value_info(m: onnx.ModelProto) -> None:
@@ -169,18 +189,21 @@ def quantize(model: str | os.PathLike | onnx.ModelProto, output: str | os.PathLi
              calibration_data_reader=None, calibration_data: str | os.PathLike | None = None,
              num_calib: int = 20, per_channel: bool = False, full_integer: bool = False,
              quant_format: str = "qdq", quant_dtype: str = "A8W8",
-             calibrate_method: str = "minmax") -> onnx.ModelProto:
+             calibrate_method: str = "minmax", wrap_lone_ops: bool = False) -> onnx.ModelProto:
     """Statically quantize an fp32 ONNX model to int8 and return it (also written to ``output``).
 
     Calibration: ``calibration_data_reader`` (an ORT CalibrationDataReader, used as is), else
     ``calibration_data`` (.npz or folder of <input>.npy), else ``num_calib`` synthetic samples.
-    ``full_integer`` turns the float graph I/O into int8 (see ``full_integer.py``)."""
+    ``full_integer`` turns the float graph I/O into int8 (see ``full_integer.py``).
+    ``wrap_lone_ops``: when ORT quantizes nothing (a lone Relu, Flatten, ... layer), wrap the
+    model's float I/O in Q/DQ with calibrated ranges instead of refusing (``lone_ops.py``)."""
     # Validate every flag before the (slow) model work so a typo fails fast.
     activation_type, weight_type = parse_quant_dtype(quant_dtype)
     method = parse_calibrate_method(calibrate_method)
     parse_quant_format(quant_format)
-    src = load_model(model)
+    src = fold_constant_identities(load_model(model))   # ORT's quantizers crash on shared weights
     where = str(model) if not isinstance(model, onnx.ModelProto) else "model"
+    validate(src, where, min_opset=7)   # ORT runs opsets >= 7 (and upgrades them to 11)
     if is_quantized(src):
         raise TorqError(f"{where}: model is already quantized (it has QuantizeLinear/DequantizeLinear, "
                         "QLinear* ops or int8 weights/IO); pass the fp32 model")
@@ -199,6 +222,10 @@ def quantize(model: str | os.PathLike | onnx.ModelProto, output: str | os.PathLi
             _rewind(reader)
             fmt = QuantFormat.QDQ
             q = _run_ort(tmp, reader, fmt, per_channel, activation_type, weight_type, method, where)
+    if not is_quantized(q) and wrap_lone_ops:
+        from .lone_ops import wrap_in_qdq
+        _rewind(reader)
+        q = wrap_in_qdq(src, reader, method, activation_type.tensor_type)
     if not is_quantized(q):
         raise TorqError(f"{where}: ONNX Runtime quantized nothing with --quant-format "
                         f"{parse_quant_format(quant_format)} (none of its ops has an int8 form "

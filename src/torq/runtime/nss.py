@@ -382,7 +382,14 @@ def _maxpool(op, folder, rtype):
 
 def _table(op, folder, rtype):
     table = torq_hl.op_attrs(op)["table"].astype(rtype)
-    return lambda args, r: table[args[0].astype(np.int64) + 128]
+    if table.size == 256:
+        return lambda args, r: table[args[0].astype(np.int64) + 128]
+
+    def per_channel(args, r):     # C·256 entries: one table per channel (axis 1)
+        x = args[0].astype(np.int64) + 128
+        channel = np.arange(x.shape[1]).reshape((1, -1) + (1,) * (x.ndim - 2))
+        return table[channel * 256 + x]
+    return per_channel
 
 
 def _act(op, folder, rtype):

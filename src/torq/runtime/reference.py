@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from ..errors import TorqError
+from ..errors import TorqError, one_line
 
 
 def session(model: onnx.ModelProto, threads: int = 0, optimized_model_path: str | None = None):
@@ -17,7 +17,7 @@ def session(model: onnx.ModelProto, threads: int = 0, optimized_model_path: str 
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     so.add_session_config_entry("session.qdqisint8allowed", "1")
-    so.log_severity_level = 3
+    so.log_severity_level = 4
     if threads:
         so.intra_op_num_threads = threads
     if optimized_model_path:
@@ -25,7 +25,7 @@ def session(model: onnx.ModelProto, threads: int = 0, optimized_model_path: str 
     try:
         return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
     except Exception as e:  # noqa: BLE001 - ORT raises its own types
-        raise TorqError(f"ONNX Runtime cannot load the model: {str(e).splitlines()[0]}") from None
+        raise TorqError(f"ONNX Runtime cannot load the model: {one_line(e)}") from None
 
 
 def kernels(model: onnx.ModelProto) -> dict[str, int]:
@@ -47,7 +47,10 @@ FLOAT_COMPUTE = ("Conv", "MatMul", "Gemm", "AveragePool", "GlobalAveragePool")
 def run(model: onnx.ModelProto, inputs: dict[str, np.ndarray], sess=None) -> dict[str, np.ndarray]:
     sess = sess or session(model)
     names = [o.name for o in sess.get_outputs()]
-    return dict(zip(names, sess.run(names, inputs)))
+    try:
+        return dict(zip(names, sess.run(names, inputs)))
+    except Exception as e:  # noqa: BLE001 - ORT refuses the model's values at run time
+        raise TorqError(f"ONNX Runtime cannot run the model: {one_line(e)}") from None
 
 
 _NP = {"tensor(int8)": np.int8, "tensor(uint8)": np.uint8, "tensor(float)": np.float32,

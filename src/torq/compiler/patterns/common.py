@@ -213,3 +213,28 @@ def lookup_table(*generics) -> np.ndarray:
         shape = (256,) + (1,) * (len(g.out_shape) - 1)
         y = g.evaluate({g.var_inputs[0]: np.asarray(y).reshape(shape)}, shape).ravel()
     return np.asarray(y).astype(np.int64)
+
+
+INT32_MIN, INT32_MAX = -2**31, 2**31 - 1
+
+
+def int32_or_fail(ctx: Ctx, op, what: str, values) -> Fail | None:
+    """Refuse a folded constant the int32 datapath cannot hold (ORT computes it in int32 and wraps:
+    folding it wider would silently give other numbers). Names the first bad value and channel."""
+    v = np.asarray(values, np.int64).reshape(-1)
+    bad = np.flatnonzero((v < INT32_MIN) | (v > INT32_MAX))
+    if not bad.size:
+        return None
+    return ctx.fail(op, f"{what} {int(v[bad[0]])} (output channel {int(bad[0])}) exceeds int32")
+
+
+def folded_bias(ctx: Ctx, op, bias, in_zp: int, w_adj) -> np.ndarray | Fail:
+    """b' = b − in_zp·Σw′ per output channel, checked with the accumulator bound 128·Σ|w′| + |b'|."""
+    w2 = np.asarray(w_adj, np.int64).reshape(len(bias), -1)
+    folded = np.asarray(bias, np.int64) - int(in_zp) * w2.sum(axis=1)
+    for what, v in (("folded bias (bias − in_zp·Σw′)", folded),
+                    ("accumulator bound", 128 * np.abs(w2).sum(axis=1) + np.abs(folded))):
+        fail = int32_or_fail(ctx, op, what, v)
+        if fail is not None:        # (a Fail is falsy: compare with None)
+            return fail
+    return folded

@@ -20,7 +20,7 @@ import numpy as np
 
 from ... import numerics
 from .. import linalg_view as L
-from .common import Ctx, Root, constant, emit, scalar, strip_pad, pad_constant
+from .common import Ctx, Fail, Root, constant, emit, folded_bias, int32_or_fail, pad_constant, scalar, strip_pad
 
 
 @dataclass
@@ -177,7 +177,10 @@ def _per_channel(ctx: Ctx, root: Root):
         bq = ctx.int_const_of_dequant(bop.operands[0])
         if bq is None:
             return ctx.fail(conv, "bias is not a dequantized int32 constant")
-        bias = bq[0].astype(np.int64).reshape(O)
+        bias = bq[0].astype(np.int64).reshape(O) - L.channel_vector(bq[2], 0, O, np.int64)
+        fail = int32_or_fail(ctx, conv, "bias − bias zero point", bias)
+        if fail is not None:
+            return fail
         bscale = L.channel_vector(bq[1], 0, O, np.float32)
         expect = numerics.dq_scale(scalar(xs, "input scale"), ws)
         if not np.allclose(bscale, expect, rtol=1e-6, atol=0):
@@ -218,9 +221,9 @@ class QConv2D:
             weights, sb = _dynamic_weights(m, mults, loc, ip)
         else:
             w_adj = m.w - m.w_zp                                       # seed §4.3.1
-            bias = m.bias - m.in_zp * w_adj.reshape(w_adj.shape[0], -1).sum(axis=1)   # §4.3.2 + §4.3.3
-            if np.any(np.abs(bias) >= 2 ** 31):
-                return ctx.fail(m.conv, "folded bias overflows int32")
+            bias = folded_bias(ctx, m.conv, m.bias, m.in_zp, w_adj)   # §4.3.2 + §4.3.3
+            if isinstance(bias, Fail):
+                return bias
             scale_bias = np.stack([bias, mults], axis=1).reshape(-1)   # [b0, m0, b1, m1, ...]
             weights = constant(w_adj, "i16" if m.w_zp != 0 else "i8", loc, ip)
             sb = constant(scale_bias, "i32", loc, ip)

@@ -2,6 +2,7 @@
 
     Q ∘ addf(DQ(a), DQ(b)) -> torq_hl.add
     Q ∘ mulf(DQ(a), DQ(b)) -> torq_hl.mul  (mode int8: (a - zp_a)(b - zp_b) rescaled by sa·sb/sc)
+    (a or b may be an integer constant: Mul/Add by a quantized per-channel or scalar weight)
 
 NPU form: t = (a - zp_a)·m_a + (b - zp_b)·m_b, one shared shift, NTP rounding (numerics.add_*).
 The reference compiler uses int16 multipliers; we keep int32 ones so the NPU result stays within
@@ -32,10 +33,13 @@ class QBinary:
         g = ctx.generic(op)
         if g is None:
             return None
+        consts = tuple(g.consts)
+        if len(g.var_inputs) == 1 and len(consts) == 1:   # x op DQ(integer constant): a quantized weight
+            g = L.Generic(op, ctx.folder, force_var=consts)
         pair = L.as_binary(g, self.arith)
         if pair is None:
             return None
-        da, db = ctx.dequant(g.inputs[pair[0]]), ctx.dequant(g.inputs[pair[1]])
+        da, db = (ctx.dequant(g.inputs[i], of_constant=i in consts) for i in pair)
         if da is None or db is None:
             return ctx.fail(op, "an input is not dequantized from an integer tensor")
         try:

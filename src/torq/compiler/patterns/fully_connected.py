@@ -13,7 +13,7 @@ import numpy as np
 
 from ... import numerics
 from .. import linalg_view as L
-from .common import Ctx, Root, constant, emit, scalar
+from .common import Ctx, Fail, Root, constant, emit, folded_bias, scalar
 
 
 @dataclass
@@ -111,7 +111,9 @@ class QFullyConnected:
         from torch_mlir import ir
         ys = np.float32(root.q.scale)
         w_adj = m.w - m.w_zp
-        bias = m.bias - m.in_zp * w_adj.sum(axis=1)            # q_bias = q_b - Z_X·Σ q_W (lecture)
+        bias = folded_bias(ctx, m.mm, m.bias, m.in_zp, w_adj)  # q_bias = q_b - Z_X·Σ q_W (lecture)
+        if isinstance(bias, Fail):
+            return bias
         mults, shift = numerics.conv_rescale(m.dq_scale, ys)
         ip = ir.InsertionPoint(root.op)
         loc = m.mm.location

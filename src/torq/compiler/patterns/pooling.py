@@ -1,6 +1,7 @@
 """Quantized pools.
 
-    Q ∘ pooling_nchw_max ∘ [pad] ∘ DQ             -> torq_hl.maxpool2d   (same in/out qparams)
+    Q ∘ pooling_nchw_max ∘ [pad] ∘ DQ             -> torq_hl.maxpool2d   (same in/out qparams;
+                                                     ceil_mode=1 as a high-side pad)
                                                   -> maxpool2d, table    (requantizing MaxPool:
                                                      max commutes with the monotonic DQ, so the
                                                      rescale is a 256-entry lookup of Q ∘ DQ)
@@ -22,6 +23,21 @@ from .common import Ctx, Root, emit, lookup_table, pad_constant, scalar, strip_p
 
 def _window(op):
     return list(L.shape_of(op.operands[1]))
+
+
+def _tight_pad(op, x, pad) -> list[int]:
+    """[l, r, t, b] with the high sides cut to what the declared output reads.
+
+    torch-mlir lowers MaxPool ceil_mode=1 by padding the high sides with a whole stride of -inf
+    and declaring the ceil output size; the windows never reach part of that padding, and a
+    kernel computing its output size from the padded input would get one row/column too many."""
+    (kh, kw), (sh, sw), (dh, dw) = _window(op), L.attr_ints(op, "strides"), L.attr_ints(op, "dilations")
+    h, w = L.shape_of(x)[-2:]
+    oh, ow = L.shape_of(op.results[0])[-2:]
+    l, r, t, b = pad
+    r = min(r, max(0, (ow - 1) * sw + (kw - 1) * dw + 1 - w - l))
+    b = min(b, max(0, (oh - 1) * sh + (kh - 1) * dh + 1 - h - t))
+    return [l, r, t, b]
 
 
 class QMaxPool:
@@ -47,7 +63,7 @@ class QMaxPool:
 
     def rewrite(self, ctx: Ctx, root: Root, m):
         op, x, pad, dq_op = m
-        attrs = dict(kernel=_window(op), stride=L.attr_ints(op, "strides"), pad=pad,
+        attrs = dict(kernel=_window(op), stride=L.attr_ints(op, "strides"), pad=_tight_pad(op, x, pad),
                      dilation=L.attr_ints(op, "dilations"))
         if dq_op is None:
             return emit("maxpool2d", root, [x], attrs, op)
@@ -120,9 +136,9 @@ def _is_hw_sum(op) -> bool:
     if its != ["parallel", "parallel", "reduction", "reduction"] or len(L.shape_of(op.operands[0])) != 4:
         return False
     body = list(op.regions[0].blocks[0].operations)
-    args = [str(a.get_name()) for a in op.regions[0].blocks[0].arguments]
+    args = list(op.regions[0].blocks[0].arguments)
     return (len(body) == 2 and body[0].operation.name == "arith.addf"
-            and sorted(str(v.get_name()) for v in body[0].operands) == sorted(args))
+            and {hash(v) for v in body[0].operands} == {hash(a) for a in args})
 
 
 class IntMaxPool:
@@ -142,7 +158,7 @@ class IntMaxPool:
 
     def rewrite_op(self, ctx: Ctx, op, m):
         x, pad = m
-        attrs = dict(kernel=_window(op), stride=L.attr_ints(op, "strides"), pad=pad,
+        attrs = dict(kernel=_window(op), stride=L.attr_ints(op, "strides"), pad=_tight_pad(op, x, pad),
                      dilation=L.attr_ints(op, "dilations"))
         return emit("maxpool2d", Root(op, None, None), [x], attrs, op)
 

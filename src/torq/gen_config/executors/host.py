@@ -1,0 +1,8 @@
+"""HOST: the application processor, IREE ``llvm-cpu`` native code from the layer's linalg IR."""
+from . import _iree
+
+NAME = "host"
+
+
+def build(compiled, *, cache_dir=None, rounding: str = "native"):
+    return _iree.build(NAME, compiled, cache_dir)

@@ -1,0 +1,105 @@
+"""Test one layer on the executors: quantize it alone, run ORT as reference, run each executor,
+compare, and turn every failure into a ``failure_report`` with its ``reason_code``."""
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..fileio import atomic_write_bytes, atomic_write_text, save_model
+from . import executors as X
+from .compare import compare, dq_output_scales, random_inputs
+
+SEED = 1234
+
+
+@dataclass
+class Prepared:
+    model: object = None                    # the (quantized) layer ONNX
+    inputs: dict = field(default_factory=dict)
+    reference: dict = field(default_factory=dict)
+    compiled: object = None
+    error: X.ExecutorError | None = None    # a failure before any executor ran
+
+
+def prepare(fp32_layer, quant, debug_ir=None, name="layer") -> Prepared:
+    """Quantize (with lone-op wrapping), make inputs, run ORT, compile once for all executors."""
+    from ..runtime import reference
+    p = Prepared()
+    try:
+        if quant.quantize:
+            from ..quantize import quantize
+            p.model = quantize(fp32_layer, wrap_lone_ops=True, **quant.kwargs())
+        else:
+            p.model = fp32_layer
+    except Exception as e:  # noqa: BLE001
+        p.error = X.ExecutorError("quantize_failed", f"per-layer quantization failed: {X.one_line(e)}")
+        return p
+    p.inputs = random_inputs(p.model, SEED)
+    try:
+        p.reference = reference.run(p.model, p.inputs)
+    except Exception as e:  # noqa: BLE001
+        p.error = X.ExecutorError("reference_failed", f"ONNX Runtime failed: {X.one_line(e)}")
+        return p
+    try:
+        p.compiled = X.frontend(p.model, debug_ir=debug_ir, name=name)
+    except X.ExecutorError as e:
+        p.error = e
+    return p
+
+
+def run_executor(p: Prepared, executor: str, tol: dict, cache_dir, rounding="native",
+                 timing_runs: int = 0) -> dict:
+    """One executor's result entry (the reference's fields + our failure_report.reason_code)."""
+    entry = {"status": "error", "tolerance_used": dict(tol)}
+    try:
+        if p.error is not None:
+            raise p.error
+        runnable = X.build(executor, p.compiled, cache_dir=cache_dir, rounding=rounding)
+        outs, ms = runnable.run(p.inputs)
+        ok, diff = compare(outs, p.reference, tol["fp_max_tol"], dq_output_scales(p.model))
+    except X.ExecutorError as e:
+        entry["failure_report"] = {"type": "error", "summary": e.summary, "reason_code": e.reason_code}
+        return entry
+    if ok:
+        entry["status"] = "success"
+    else:
+        entry.update(status="difference", max_diff=diff,
+                     failure_report={"type": "accuracy_failure", "reason_code": "numeric_mismatch",
+                                     "summary": f"max abs diff {diff['max_abs_diff']:g}, max rel diff "
+                                                f"{diff['max_rel_diff']:g} vs ONNX Runtime"})
+    if timing_runs:
+        times = [runnable.run(p.inputs)[1] for _ in range(timing_runs)]
+        entry["timing"] = {"runtime_ms": round(float(np.mean(times)), 3), "runs": timing_runs}
+    return entry
+
+
+def safe_name(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_") or "layer"
+
+
+def write_repro(root: Path, layer_id: str, p: Prepared, results: dict, argv: list[str]) -> Path:
+    """A self-contained bundle for a layer that is not a success: ONNX, inputs, IR, command."""
+    d = Path(root) / safe_name(layer_id)
+    if p.model is not None:
+        save_model(p.model, d / "layer.onnx")
+    for name, arr in p.inputs.items():
+        import io
+        buf = io.BytesIO()
+        np.save(buf, arr)
+        atomic_write_bytes(d / "inputs" / f"{safe_name(name)}.npy", buf.getvalue())
+    if p.compiled is not None:
+        for stage, text in p.compiled.stages.items():
+            atomic_write_text(d / "ir" / f"layer.{stage}.mlir", text)
+    lines = [f"# {layer_id}", ""]
+    for ex, r in results.items():
+        fr = r.get("failure_report", {})
+        lines.append(f"{ex}: {r['status']} [{fr.get('reason_code', '-')}] {fr.get('summary', '')}")
+    lines += ["", "# reproduce the NSS result on this layer:",
+              "torq-compile layer.onnx --verify-against-ort", "", "# the discover run that produced it:",
+              shlex.join(["torq-gen-config"] + argv)]
+    atomic_write_text(d / "README.txt", "\n".join(lines) + "\n")
+    return d

@@ -1,0 +1,156 @@
+"""view / edit / bad input: one-line errors, exit 2, no traceback, no half-written files."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from torq.examples import build_example_cnn
+
+from .conftest import cli, conv_chain
+
+QFLAGS = ["--quantize", "--full-integer"]
+
+
+@pytest.fixture(scope="module")
+def done(tmp_path_factory):
+    d = tmp_path_factory.mktemp("cli")
+    model = build_example_cnn(d / "example.onnx") and d / "example.onnx"
+    assert cli("discover", "--model", model, "--output-dir", d, *QFLAGS, "--skip-mode") == 0
+    return model, d
+
+
+def _one_line_error(capsys, code, *needles):
+    err = capsys.readouterr().err.strip()
+    assert code == 2, err
+    assert err.count("\n") == 0 and err.startswith("torq-gen-config: error:") and "Traceback" not in err, err
+    for n in needles:
+        assert n in err, err
+
+
+def test_view_table_and_layer(done, capsys):
+    model, d = done
+    assert cli("view", "--model", model, "--output-dir", d) == 0
+    out = capsys.readouterr().out
+    assert "Conv_conv1" in out and "recommended" in out
+    assert cli("view", "--model", model, "--output-dir", d, "--layer", "dwconv") == 0
+    assert "Conv_dwconv: recommended nss" in capsys.readouterr().out
+    _one_line_error(capsys, cli("view", "--model", model, "--output-dir", d, "--layer", "nope"), "no layer matches")
+
+
+def test_edit_executor_glob_and_tolerance(done, tmp_path, capsys):
+    model, d = done
+    for f in d.glob("torq_gen_config_example*.json"):
+        shutil.copy(f, tmp_path / f.name)
+    assert cli("edit", "--model", model, "--output-dir", tmp_path, "--layer", "Conv_conv*", "--executor", "host") == 0
+    comp = json.loads((tmp_path / "torq_gen_config_example_compiler.json").read_text())
+    assert sum(v["executor"] == "host" for v in comp["op_assignments"].values()) == 3
+    assert cli("edit", "--model", model, "--output-dir", tmp_path, "--layer", "gemm", "--executor", "null") == 0
+    r = json.loads((tmp_path / "torq_gen_config_example.json").read_text())
+    assert r["ops"]["Gemm_logits"]["recommended_executor"] is None
+    assert "No executor (1): Gemm_logits" in r["final_report_text"]
+    assert cli("edit", "--model", model, "--output-dir", tmp_path, "--layer", "ALL", "--tolerance-max", "0.05") == 0
+    r = json.loads((tmp_path / "torq_gen_config_example.json").read_text())
+    assert all(op["tolerance_used"]["fp_max_tol"] == 0.05 for op in r["ops"].values())
+    capsys.readouterr()
+    assert cli("edit", "--model", model, "--output-dir", tmp_path, "--list", "relu") == 0
+    assert capsys.readouterr().out.count("Relu_") == 2
+    _one_line_error(capsys, cli("edit", "--model", model, "--output-dir", tmp_path, "--layer", "zzz",
+                                "--executor", "nss"), "--layer 'zzz'")
+    _one_line_error(capsys, cli("edit", "--model", model, "--output-dir", tmp_path, "--layer", "ALL",
+                                "--executor", "gpu"), "--executor 'gpu'")
+
+
+def test_bad_reports(done, tmp_path, capsys):
+    model, d = done
+    rp = tmp_path / "torq_gen_config_example.json"
+    rp.write_text("{ not json")
+    _one_line_error(capsys, cli("view", rp), "not valid JSON")
+    _one_line_error(capsys, cli("run", "--model", model, "--output-dir", tmp_path, *QFLAGS), "not valid JSON")
+    r = json.loads((d / "torq_gen_config_example.json").read_text())
+    r["ops"]["Conv_conv1"]["recommended_executor"] = "gpu"
+    rp.write_text(json.dumps(r))
+    _one_line_error(capsys, cli("view", rp), "recommended_executor is 'gpu'")
+    rp.write_text(json.dumps({"op_assignments": {}}))
+    _one_line_error(capsys, cli("edit", rp, "--layer", "ALL", "--executor", "nss"), "compiler JSON")
+    _one_line_error(capsys, cli("run", "--model", model, "--output-dir", tmp_path / "none", *QFLAGS), "no such report")
+
+
+def test_model_json_mismatch(done, tmp_path, capsys):
+    _, d = done
+    other = conv_chain(tmp_path / "example.onnx")          # same stem, different model
+    shutil.copy(d / "torq_gen_config_example.json", tmp_path)
+    _one_line_error(capsys, cli("run", "--model", other, "--output-dir", tmp_path, *QFLAGS), "model file changed")
+    r = json.loads((tmp_path / "torq_gen_config_example.json").read_text())
+    del r["quantization"]
+    (tmp_path / "torq_gen_config_example.json").write_text(json.dumps(r))
+    _one_line_error(capsys, cli("run", "--model", other, "--output-dir", tmp_path, *QFLAGS), "another model")
+
+
+def test_bad_flags(done, tmp_path, capsys):
+    model, _ = done
+    _one_line_error(capsys, cli("discover", "--model", model, "--skip-executors", "nss,gpu"), "unknown executor 'gpu'")
+    _one_line_error(capsys, cli("discover", "--model", tmp_path / "missing.onnx"), "no such file")
+    _one_line_error(capsys, cli("discover", "--model", model, "--full-integer"), "need --quantize")
+    _one_line_error(capsys, cli("discover", "--model", model, "--quantize", "--quant-format", "int4"), "--quant-format")
+    _one_line_error(capsys, cli("discover", "--model", model, "--quantize", "--subgraph-from", "nope"),
+                    "--subgraph-from")
+
+
+def test_output_dir_that_cannot_be_created(done, tmp_path, capsys):
+    model, _ = done
+    (tmp_path / "file").write_text("x")
+    _one_line_error(capsys, cli("discover", "--model", model, "--output-dir", tmp_path / "file" / "out", *QFLAGS),
+                    "cannot create")
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root ignores directory permissions")
+def test_read_only_output_dir(done, tmp_path, capsys):
+    model, _ = done
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    try:
+        _one_line_error(capsys, cli("discover", "--model", model, "--output-dir", ro, *QFLAGS), "not writable")
+        assert list(ro.iterdir()) == []
+    finally:
+        ro.chmod(0o700)
+
+
+def test_skip_executors_and_dedup(tmp_path):
+    model = conv_chain(tmp_path / "twin.onnx", middle=None)
+    assert cli("discover", "--model", model, "--output-dir", tmp_path, *QFLAGS, "--dedup-layers",
+               "--skip-executors", "css,host") == 0
+    r = json.loads((tmp_path / "torq_gen_config_twin.json").read_text())
+    first, second = r["ops"]["Conv_conv0"], r["ops"]["Conv_y"]
+    assert second["duplicate_of"] == "Conv_conv0" and second["executors"] == first["executors"]
+    assert set(first["executors"]) == {"nss"}
+    assert r["discovery_report"]["summary"]["computed"] + r["discovery_report"]["summary"]["from_cache"] == 1
+
+
+def test_jobs_gives_the_same_report(tmp_path):
+    model = conv_chain(tmp_path / "chain2.onnx", middle="Relu")
+    reports = []
+    for jobs, sub in ((1, "serial"), (2, "parallel")):
+        assert cli("discover", "--model", model, "--output-dir", tmp_path / sub, *QFLAGS, "--skip-mode",
+                   "--recompute-cache", "--jobs", jobs) == 0
+        reports.append(json.loads((tmp_path / sub / "torq_gen_config_chain2.json").read_text()))
+    assert reports[0]["ops"] == reports[1]["ops"] and len(reports[0]["ops"]) == 3
+    assert reports[1]["discovery_report"]["summary"]["computed"] == 3
+
+
+def test_html_in_headless_chromium(done, tmp_path):
+    model, d = done
+    page = tmp_path / "map.html"
+    assert cli("view", "--model", model, "--output-dir", d, "--html", page) == 0
+    text = page.read_text()
+    assert "<script" not in text and "http" not in text.split("<body>")[1]   # self-contained
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if browser is None:
+        pytest.skip("chromium is not installed (.ci/run installs it)")
+    dom = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom", page.as_uri()],
+                         capture_output=True, text=True, timeout=120).stdout
+    assert dom.count("<tr>") >= 12 and "Conv_dwconv" in dom and "background:#c8f7c5" in dom

@@ -1,0 +1,123 @@
+"""discover + run on the built-in example CNN: JSON schemas, mapping, run exactness, flags."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from torq.examples import build_example_cnn
+
+from .conftest import cli
+
+QFLAGS = ["--quantize", "--full-integer"]
+EXEC_FIELDS = {"status", "tolerance_used", "max_diff", "failure_report", "timing"}
+
+
+@pytest.fixture(scope="module")
+def example(tmp_path_factory):
+    d = tmp_path_factory.mktemp("example")
+    model = build_example_cnn(d / "example.onnx") and d / "example.onnx"
+    assert cli("discover", "--model", model, "--output-dir", d, *QFLAGS, "--skip-mode") == 0
+    return model, d
+
+
+def _report(d, name="example"):
+    return json.loads((d / f"torq_gen_config_{name}.json").read_text())
+
+
+def test_report_schema(example):
+    _, d = example
+    r = _report(d)
+    assert r["version"] == "1.1" and r["model_name"] == "example"
+    assert r["default_tolerance"] == {"fp_avg_tol": 0.01, "fp_max_tol": 0.01}
+    assert set(r) >= {"ops", "discovery_report", "has_critical_failures", "final_report_text", "quantization"}
+    assert list(r["ops"])[:2] == ["Conv_conv1", "Relu_relu1"]
+    for lid, op in r["ops"].items():
+        assert set(op) >= {"executors", "recommended_executor", "_node_index", "mlir_location"}
+        assert set(op["executors"]) == {"nss"}                    # --skip-mode: NSS succeeded first
+        assert set(op["executors"]["nss"]) <= EXEC_FIELDS
+        assert op["recommended_executor"] == "nss", lid
+    # ORT fused both Relus into their Convs: report entry kept, location = op type, not in compiler JSON
+    assert r["ops"]["Relu_relu1"]["mlir_location"] == "Relu"
+    assert r["ops"]["Conv_conv2"]["_node_index"] == 1
+    s = r["discovery_report"]["summary"]
+    assert s["total_layers"] == 11 and s["executor_counts"]["nss"] == 11
+    assert r["quantization"]["full_integer"] is True and len(r["quantization"]["model_sha256"]) == 64
+    assert r["final_report_text"].startswith("FINAL EXECUTOR DISCOVERY REPORT")
+
+
+def test_compiler_schema(example):
+    _, d = example
+    c = json.loads((d / "torq_gen_config_example_compiler.json").read_text())
+    assert c["model_name"] == "example"
+    assert len(c["op_assignments"]) == 9                          # 11 layers - 2 fused Relus
+    assert all(v == {"executor": "nss"} for v in c["op_assignments"].values())
+    assert all(k.count(":") == 1 and k.replace(":", "").isdigit() for k in c["op_assignments"])
+
+
+def test_run_native_and_bit_exact_ort(example, capsys):
+    model, d = example
+    assert cli("run", "--model", model, "--output-dir", d, *QFLAGS, "--rounding", "ort") == 0
+    m = _report(d)["full_model_metrics"]
+    assert m["max_abs_lsb"] == 0 and m["lsb_histogram"] == {"0": 10} and m["top1_agreement"] == 1.0
+    assert cli("run", "--model", model, "--output-dir", d, *QFLAGS) == 0
+    m = _report(d)["full_model_metrics"]
+    assert m["passed"] and m["max_abs_lsb"] <= 5 and m["rounding"] == "native"
+    assert "PASS" in capsys.readouterr().out
+
+
+def test_run_refuses_other_flags(example, capsys):
+    model, d = example
+    assert cli("run", "--model", model, "--output-dir", d, "--quantize") == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "different quantization" in err and "full_integer" in err
+
+
+def test_run_with_a_reference_shaped_json(example, tmp_path, capsys):
+    """A JSON as the reference tool writes it (no fingerprint, its own locations) is read back."""
+    model, d = example
+    r = _report(d)
+    ref = {"version": "1.1", "model_name": "example", "default_tolerance": r["default_tolerance"],
+           "ops": {lid: {"executors": {"nss": {"status": "success", "tolerance_used": r["default_tolerance"]}},
+                         "recommended_executor": "nss", "_node_index": i, "mlir_location": "999:1"}
+                   for i, lid in enumerate(r["ops"])},
+           "discovery_report": {}, "has_critical_failures": False, "final_report_text": ""}
+    (tmp_path / "torq_gen_config_example.json").write_text(json.dumps(ref))
+    assert cli("run", "--model", model, "--output-dir", tmp_path, *QFLAGS, "--rounding", "ort") == 0
+    assert "no quantization fingerprint" in capsys.readouterr().out
+    back = json.loads((tmp_path / "torq_gen_config_example.json").read_text())
+    assert back["ops"]["Conv_conv1"]["mlir_location"] != "999:1"       # re-derived from this model
+    comp = json.loads((tmp_path / "torq_gen_config_example_compiler.json").read_text())
+    assert len(comp["op_assignments"]) == 9
+
+
+def test_second_discover_comes_from_cache(example, capsys):
+    model, d = example
+    assert cli("discover", "--model", model, "--output-dir", d, *QFLAGS, "--skip-mode") == 0
+    s = _report(d)["discovery_report"]["summary"]
+    assert s["computed"] == 0 and s["from_cache"] == 11
+
+
+def test_subgraph_skip_ops_and_timing(example):
+    model, d = example
+    assert cli("discover", "--model", model, "--output-dir", d, *QFLAGS, "--skip-mode", "--subgraph-from", "2",
+               "--subgraph-to", "Add_add1", "--skip-ops", "Relu", "--collect-timing", "--timing-runs", "2") == 0
+    r = _report(d, "example_subgraph_2_5")
+    assert list(r["ops"]) == ["Conv_conv2", "Relu_relu2", "Conv_conv3", "Add_add1"]
+    assert r["ops"]["Relu_relu2"]["recommended_executor"] is None and r["ops"]["Relu_relu2"]["executors"] == {}
+    t = r["ops"]["Conv_conv2"]["executors"]["nss"]["timing"]
+    assert t["runs"] == 2 and t["runtime_ms"] > 0
+    assert "timing_summary" in r["discovery_report"]["summary"]
+    comp = json.loads((d / "torq_gen_config_example_subgraph_2_5_compiler.json").read_text())
+    assert len(comp["op_assignments"]) == 3                       # conv2 (+fused relu2), conv3, add
+    assert cli("run", "--model", model, "--output-dir", d, *QFLAGS, "--subgraph-from", "2",
+               "--subgraph-to", "Add_add1", "--rounding", "ort") == 0
+    assert _report(d, "example_subgraph_2_5")["full_model_metrics"]["max_abs_lsb"] == 0
+
+
+def test_debug_ir(example, tmp_path):
+    model, d = example
+    ir = tmp_path / "ir"
+    assert cli("discover", "--model", model, "--output-dir", tmp_path, *QFLAGS, "--skip-mode",
+               "--subgraph-from", "0", "--subgraph-to", "0", "--debug-ir", ir, "--recompute-cache") == 0
+    assert (ir / "Conv_conv1.linalg.mlir").exists() and (ir / "Conv_conv1.torq_hl.mlir").exists()

@@ -1,0 +1,54 @@
+"""Folded conv/FC constants that leave int32 are refused with location and value, never lowered wrong.
+
+ORT computes `bias − bias_zp` in int32 (wrapping); a wider fold would compile to other numbers."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+
+from robustness.mutants import qconv
+from torq.compiler import compile as compile_model
+
+
+def with_bias(zp: int | None = None, values=None) -> onnx.ModelProto:
+    m = qconv(per_channel=True)
+    for t in m.graph.initializer:
+        if t.name == "b_quantized_zero_point" and zp is not None:
+            t.CopyFrom(numpy_helper.from_array(np.full(numpy_helper.to_array(t).shape, zp, np.int32), t.name))
+        if t.name == "b_quantized" and values is not None:
+            t.CopyFrom(numpy_helper.from_array(np.asarray(values, np.int32), t.name))
+    return m
+
+
+def conv_refusal(compiled) -> str:
+    assert "conv2d" not in compiled.report.lowered
+    (u,) = [u for u in compiled.report.unsupported if "conv" in str(u)]
+    return str(u)
+
+
+@pytest.mark.parametrize("zp, value", [(2**31 - 1, -2147486814), (-2**31, 2147486319)])
+def test_bias_minus_zero_point_outside_int32_is_refused(zp, value):
+    msg = conv_refusal(compile_model(with_bias(zp)))
+    assert msg.startswith("not supported on NSS: linalg.conv_2d_nchw_fchw at 17:11: ")
+    assert f"bias − bias zero point {value} (output channel" in msg and msg.endswith("exceeds int32")
+
+
+def test_folded_bias_or_accumulator_outside_int32_is_refused():
+    msg = conv_refusal(compile_model(with_bias(values=[2**31 - 1, -2**31, 5, 7])))
+    assert "at 17:11: " in msg and ("folded bias" in msg or "accumulator bound" in msg), msg
+    assert msg.endswith("exceeds int32")
+
+
+def test_bias_zero_point_inside_int32_lowers_exactly(tmp_path):
+    """A nonzero bias zero point that fits is folded exactly: bit-exact with ORT."""
+    m = with_bias(1000)
+    assert compile_model(m).report.lowered.get("conv2d") == 1
+    onnx.save(m, tmp_path / "zp.onnx")
+    r = subprocess.run([sys.executable, "-m", "torq.compiler.cli", str(tmp_path / "zp.onnx"),
+                        "--verify-against-ort", "--rounding", "ort"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "PASS" in r.stdout, r.stdout + r.stderr
