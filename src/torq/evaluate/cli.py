@@ -79,14 +79,8 @@ def run(args) -> int:
                        calibrate_method=args.calibrate_method.lower(),
                        bias_correction=args.bias_correction, sqnr_images=args.sqnr_images,
                        jobs=args.jobs, ray=args.ray)
-    _quiet_ort()
     result = evaluate(args.model, args.dataset, options=opts)
     print(result.markdown())
     for path in result.write(args.output_dir):
         print(f"wrote {path}")
     return 0
-
-
-def _quiet_ort() -> None:
-    import onnxruntime as ort
-    ort.set_default_logger_severity(3)
