@@ -183,8 +183,28 @@ def step_times(program, x, reps: int) -> str:
     return "\n".join(lines)
 
 
+def load_fp32(name: str, hw: int):
+    """(fp32 model with batch 1, title) for --model."""
+    if name == "resnet18":
+        return zoo.resnet18(hw), "ResNet-18 stand-in (torq.zoo, random weights)"
+    if name == "mobilenetv2":
+        return zoo.mobilenet_v2(hw), "MobileNetV2 stand-in (torq.zoo, random weights)"
+    from torq.evaluate.engines import with_batch
+    from torq.quantize.fold import fold_fp32
+    if name == "effnet":
+        sys.path.insert(0, str(Path(__file__).resolve().parent / "models"))
+        from build import build
+        path, title = build(only=["effnet"])["effnet"]["model"], "EfficientNet-Lite0 (pretrained, folded)"
+    else:
+        path, title = name, Path(name).name
+    return with_batch(fold_fp32(onnx.load(path)), 1), title
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="resnet18", metavar="resnet18|mobilenetv2|effnet|PATH.onnx",
+                    help="resnet18 / mobilenetv2: torq.zoo stand-ins (random weights); effnet: the real "
+                         "EfficientNet-Lite0 of benchmarks/models/build.py; or any fp32 ONNX file (default resnet18)")
     ap.add_argument("--per-channel", action="store_true", help="per-channel weight quantization")
     ap.add_argument("--rounds", type=int, default=7, help="interleaved rounds (default 7)")
     ap.add_argument("--threads", type=int, default=2, help="ORT intra_op_num_threads (default 2)")
@@ -203,7 +223,8 @@ def main(argv=None) -> int:
         ap.error("--rounds and --threads must be >= 1")
 
     qname = "per-channel" if args.per_channel else "per-tensor"
-    print(f"ResNet-18 stand-in (torq.zoo, random weights), 1x3x{args.hw}x{args.hw}, A8W8 QDQ full-integer "
+    fp32, title = load_fp32(args.model, args.hw)
+    print(f"{title}, 1x3x{args.hw}x{args.hw}, A8W8 QDQ full-integer "
           f"{qname}, {args.num_calib} calibration samples")
     print(f"ORT {ort.__version__}, intra_op={args.threads}, inter_op=1, ENABLE_ALL; numpy {np.__version__}; "
           f"{os.cpu_count()} CPUs; {args.rounds} interleaved rounds")
@@ -219,7 +240,6 @@ def main(argv=None) -> int:
             TimeElapsedColumn(), console=err, transient=True) as bar:
         tmp = Path(tmp)
         setup = bar.add_task("build model", total=5)
-        fp32 = zoo.resnet18(args.hw)
         bar.update(setup, advance=1, description="quantize")
         t0 = time.perf_counter()
         q = torq.quantize(fp32, full_integer=True, per_channel=args.per_channel, quant_format="qdq",
