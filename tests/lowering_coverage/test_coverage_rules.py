@@ -155,3 +155,38 @@ def test_scalar_constant_keeps_rank_zero(value):
     rng = np.random.default_rng(1)
     m = _sandwich(rng, 2, 4, [helper.make_node("Add", ["c0", "k"], ["z"])], {"k": value})
     _check(m, 4, "qdq", False, None, 0)
+
+
+def _conv_relu_conv(rng, batch, bias):
+    n = helper.make_node
+    return model([n("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]), n("Relu", ["c"], ["r"]),
+                  n("Conv", ["r", "w2"], ["y"])], [("x", [batch, 3, 6, 6])], ["y"],
+                 {"w": rng.normal(0, 0.3, (4, 3, 3, 3)), "b": np.full(4, bias), "w2": rng.normal(0, 0.3, (4, 4, 1, 1))})
+
+
+@pytest.mark.parametrize("fmt", ["qdq", "qoperator"])
+def test_dynamic_batch_is_compiled_for_batch_one(fmt):
+    """A model quantized with a dynamic batch ('N') compiles for batch 1 (graph/specialise.py);
+    it failed with 'negative dimensions are not allowed'."""
+    import torq
+    m = _conv_relu_conv(np.random.default_rng(0), "N", 0.1)
+    q = torq.quantize(m, quant_format=fmt, full_integer=fmt == "qdq", num_calib=2)
+    assert q.graph.input[0].type.tensor_type.shape.dim[0].dim_param == "N"
+    check_compiled(torq_compile(q), "conv2d")
+
+
+@pytest.mark.parametrize("fmt", ["qdq", "qoperator"])
+def test_activation_scale_exactly_one(fmt):
+    """An all-zero activation (Relu of a very negative Conv) gets scale 1.0; MLIR folds x/1.0 and
+    x*1.0 away, and the Q/DQ readers must still see a quantize/dequantize."""
+    import torq
+    q = torq.quantize(_conv_relu_conv(np.random.default_rng(1), 1, -100.0), quant_format=fmt,
+                      full_integer=fmt == "qdq", num_calib=2)
+    assert any(np.asarray(onnx_numpy(t)).item() == 1.0 for t in q.graph.initializer
+               if t.name.endswith("scale") and not t.dims)
+    check_compiled(torq_compile(q), "conv2d")
+
+
+def onnx_numpy(t):
+    from onnx import numpy_helper
+    return numpy_helper.to_array(t)

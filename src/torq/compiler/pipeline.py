@@ -76,6 +76,7 @@ def compile(model, debug_ir: str | os.PathLike | None = None, name: str | None =
 
     debug_ir: a folder that receives <name>.<stage>.mlir for every stage."""
     from ..graph.load import load_model
+    from ..graph.specialise import specialise_dynamic_dims
     from ..graph.validate import validate
     t0 = time.perf_counter()
     if name is None:
@@ -83,6 +84,7 @@ def compile(model, debug_ir: str | os.PathLike | None = None, name: str | None =
     where, model = (str(model) if isinstance(model, (str, os.PathLike)) else "model"), load_model(model)
     validate(model, where)             # attribute values torch-mlir would trust blindly
     original = model
+    model = specialise_dynamic_dims(model)     # compiled for batch 1 (graph/specialise.py)
     try:
         from ..graph.canonicalize import canonicalize
     except ImportError:  # pragma: no cover - canonicalisation lands separately
