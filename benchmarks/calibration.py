@@ -22,31 +22,41 @@ sys.path.insert(0, str(ROOT / "benchmarks" / "models"))
 METHODS = ("minmax", "entropy", "percentile")
 
 
-def sweep(entry: dict, limit: int | None, num_calib: int) -> dict:
+def sweep(entry: dict, limit: int | None, num_calib: int, settings) -> dict:
     from torq.evaluate import EvalOptions, load_dataset, parse_preprocess
     from torq.evaluate.engines import OrtEngine, quantize_input
     from torq.evaluate.run import batches, prepare, split
     from torq.quantize import io_quant_params
     results = {}
     fp32_top1 = None
-    for per_channel in (False, True):
-        for method in METHODS:
-            opts = EvalOptions(preprocess=parse_preprocess(entry["preprocess"]), batch=64, limit=limit,
-                               calibration=entry["calibration"], num_calib=num_calib,
-                               per_channel=per_channel, calibrate_method=method)
-            data, calib = split(load_dataset(entry["dataset"]), opts)
-            fp32, q, name, shape, _ = prepare(entry["model"], data, calib, opts)
-            qin = io_quant_params(q)["inputs"][name]
-            f, i8 = OrtEngine(fp32), OrtEngine(q)
-            hits = np.zeros(2)
-            for start, x in batches(data, opts, name, shape):
-                labels = data.labels[start:start + len(x)]
-                hits[0] += np.sum(np.argmax(f(x), 1) == labels)
-                hits[1] += np.sum(_top1(i8(quantize_input(x, qin["scale"], qin["zero_point"]))) == labels)
-            fp32_top1 = hits[0] / len(data)
-            results[f"{method} {'per-channel' if per_channel else 'per-tensor'}"] = hits[1] / len(data)
-            print(f"  {method:10s} per_channel={per_channel}: {100 * hits[1] / len(data):.2f}", file=sys.stderr)
+    for per_channel, method, bias_correction in settings:
+        opts = EvalOptions(preprocess=parse_preprocess(entry["preprocess"]), batch=64, limit=limit,
+                           calibration=entry["calibration"], num_calib=num_calib, per_channel=per_channel,
+                           calibrate_method=method, bias_correction=bias_correction)
+        data, calib = split(load_dataset(entry["dataset"]), opts)
+        fp32, q, name, shape, _ = prepare(entry["model"], data, calib, opts)
+        qin = io_quant_params(q)["inputs"][name]
+        f, i8 = OrtEngine(fp32), OrtEngine(q)
+        hits = np.zeros(2)
+        for start, x in batches(data, opts, name, shape):
+            labels = data.labels[start:start + len(x)]
+            hits[0] += np.sum(np.argmax(f(x), 1) == labels)
+            hits[1] += np.sum(_top1(i8(quantize_input(x, qin["scale"], qin["zero_point"]))) == labels)
+        fp32_top1 = hits[0] / len(data)
+        key = f"{method} {'per-channel' if per_channel else 'per-tensor'}{' +BC' if bias_correction else ''}"
+        results[key] = hits[1] / len(data)
+        print(f"  {key}: {100 * hits[1] / len(data):.2f} (fp32 {100 * fp32_top1:.2f})", file=sys.stderr)
     return {"images": len(data), "fp32": fp32_top1, "int8_ort": results}
+
+
+def _settings(given):
+    if not given:
+        return [(pc, m, False) for pc in (False, True) for m in METHODS]
+    out = []
+    for g in given:
+        parts = g.split(":")
+        out.append((parts[1] == "pc", parts[0], parts[2:] == ["bc"]))
+    return out
 
 
 def _top1(logits):
@@ -60,6 +70,8 @@ def main() -> None:
     ap.add_argument("--limit", type=int)
     ap.add_argument("--num-calib", type=int, default=100)
     ap.add_argument("--json", metavar="OUT")
+    ap.add_argument("--setting", action="append", metavar="METHOD:pc|pt[:bc]",
+                    help="only these settings, e.g. percentile:pc:bc (default: all 3 methods × pt/pc)")
     args = ap.parse_args()
     import onnxruntime as ort
     ort.set_default_logger_severity(3)
@@ -67,7 +79,7 @@ def main() -> None:
     rows = {}
     for name, entry in build(only=args.only or ["effnet", "fmnist"]).items():
         print(f"{name}:", file=sys.stderr)
-        rows[name] = sweep(entry, args.limit, args.num_calib)
+        rows[name] = sweep(entry, args.limit, args.num_calib, _settings(args.setting))
     settings = list(next(iter(rows.values()))["int8_ort"])
     print("| model | images | FP32 | " + " | ".join(settings) + " |")
     print("|" + "---|" * (3 + len(settings)))

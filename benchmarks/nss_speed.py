@@ -149,9 +149,9 @@ def profile_nss(program, x, top: int) -> str:
 def step_times(program, x, reps: int) -> str:
     """Median time of every NSS step (native rounding) over ``reps`` whole-program runs: totals
     per op kind, then the slowest steps with their operand shapes."""
-    per_step: list[list[float]] = [[] for _ in program.steps]
-    shapes: list[str] = [""] * len(program.steps)
-    saved = [st.fn for st in program.steps]
+    per_step: list[list[float]] = [[] for _ in program.kernels]
+    shapes: list[str] = [""] * len(program.kernels)
+    saved = [st.fn for st in program.kernels]
 
     def timed(i, fn):
         def run(args, rounding):
@@ -162,29 +162,49 @@ def step_times(program, x, reps: int) -> str:
             return out
         return run
     try:
-        for i, st in enumerate(program.steps):
+        for i, st in enumerate(program.kernels):
             st.fn = timed(i, st.fn)
         for _ in range(reps):
             program.run([x], "native")
     finally:
-        for st, fn in zip(program.steps, saved):
+        for st, fn in zip(program.kernels, saved):
             st.fn = fn
     med = [statistics.median(t) * 1e3 for t in per_step]
     total = sum(med)
     kinds: dict[str, list[float]] = {}
-    for st, m in zip(program.steps, med):
-        kinds.setdefault(st.name, []).append(m)
+    for st, m in zip(program.kernels, med):
+        kinds.setdefault(st.step.op, []).append(m)
     lines = [f"sum of step medians {total:.1f} ms; per op kind:"]
     for name, ms in sorted(kinds.items(), key=lambda kv: -sum(kv[1])):
         lines.append(f"  {name:28s}{len(ms):4d} steps {sum(ms):8.2f} ms {100 * sum(ms) / total:5.1f} %")
     lines.append("slowest steps (operand shapes):")
     for i in sorted(range(len(med)), key=lambda i: -med[i])[:12]:
-        lines.append(f"  #{i:<3d} {program.steps[i].name:24s}{med[i]:7.2f} ms  {shapes[i]}")
+        lines.append(f"  #{i:<3d} {program.kernels[i].step.op:24s}{med[i]:7.2f} ms  {shapes[i]}")
     return "\n".join(lines)
+
+
+def load_fp32(name: str, hw: int):
+    """(fp32 model with batch 1, title) for --model."""
+    if name == "resnet18":
+        return zoo.resnet18(hw), "ResNet-18 stand-in (torq.zoo, random weights)"
+    if name == "mobilenetv2":
+        return zoo.mobilenet_v2(hw), "MobileNetV2 stand-in (torq.zoo, random weights)"
+    from torq.evaluate.engines import with_batch
+    from torq.quantize.fold import fold_fp32
+    if name == "effnet":
+        sys.path.insert(0, str(Path(__file__).resolve().parent / "models"))
+        from build import build
+        path, title = build(only=["effnet"])["effnet"]["model"], "EfficientNet-Lite0 (pretrained, folded)"
+    else:
+        path, title = name, Path(name).name
+    return with_batch(fold_fp32(onnx.load(path)), 1), title
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="resnet18", metavar="resnet18|mobilenetv2|effnet|PATH.onnx",
+                    help="resnet18 / mobilenetv2: torq.zoo stand-ins (random weights); effnet: the real "
+                         "EfficientNet-Lite0 of benchmarks/models/build.py; or any fp32 ONNX file (default resnet18)")
     ap.add_argument("--per-channel", action="store_true", help="per-channel weight quantization")
     ap.add_argument("--rounds", type=int, default=7, help="interleaved rounds (default 7)")
     ap.add_argument("--threads", type=int, default=2, help="ORT intra_op_num_threads (default 2)")
@@ -203,7 +223,8 @@ def main(argv=None) -> int:
         ap.error("--rounds and --threads must be >= 1")
 
     qname = "per-channel" if args.per_channel else "per-tensor"
-    print(f"ResNet-18 stand-in (torq.zoo, random weights), 1x3x{args.hw}x{args.hw}, A8W8 QDQ full-integer "
+    fp32, title = load_fp32(args.model, args.hw)
+    print(f"{title}, 1x3x{args.hw}x{args.hw}, A8W8 QDQ full-integer "
           f"{qname}, {args.num_calib} calibration samples")
     print(f"ORT {ort.__version__}, intra_op={args.threads}, inter_op=1, ENABLE_ALL; numpy {np.__version__}; "
           f"{os.cpu_count()} CPUs; {args.rounds} interleaved rounds")
@@ -219,7 +240,6 @@ def main(argv=None) -> int:
             TimeElapsedColumn(), console=err, transient=True) as bar:
         tmp = Path(tmp)
         setup = bar.add_task("build model", total=5)
-        fp32 = zoo.resnet18(args.hw)
         bar.update(setup, advance=1, description="quantize")
         t0 = time.perf_counter()
         q = torq.quantize(fp32, full_integer=True, per_channel=args.per_channel, quant_format="qdq",
@@ -232,9 +252,9 @@ def main(argv=None) -> int:
         if compiled.report.unsupported:
             print("not every op lowered:", *map(str, compiled.report.unsupported), sep="\n  ")
             return 1
-        bar.update(setup, advance=1, description="build NSS program")
+        bar.update(setup, advance=1, description="bind NSS kernels")
         t0 = time.perf_counter()
-        program = compiled.program
+        program = compiled.simulator
         t_program = time.perf_counter() - t0
         bar.update(setup, advance=1, description="ORT sessions")
         sessions = {
@@ -283,8 +303,8 @@ def main(argv=None) -> int:
     print()
     print(f"quantization (torq.quantize)  {t_quant:7.2f} s")
     print(f"compile (torq.compile)        {t_compile:7.2f} s = ONNX load+import {tm['import_s']:.2f} s"
-          f" + linalg {tm['linalg_s']:.2f} s + torq_hl {tm['torq_hl_s']:.2f} s")
-    print(f"NSS program build             {t_program:7.2f} s (first access of compiled.program)")
+          f" + linalg {tm['linalg_s']:.2f} s + torq_hl {tm['torq_hl_s']:.2f} s + program {tm['program_s']:.2f} s")
+    print(f"NSS kernel binding            {t_program:7.2f} s (first access of compiled.simulator)")
     print(f"lowered to torq_hl: " + ", ".join(f"{k}×{v}" for k, v in sorted(compiled.report.lowered.items())))
     for name, ks in kernels.items():
         print(f"{name + ' runs:':26s}{ks}")

@@ -81,7 +81,7 @@ def export(name: str, folder: Path = BUILD) -> Path:
 def run_one(name: str, flags: str, folder: Path = BUILD) -> dict:
     """Quantize + compile + verify one model with one flag set; a dict row (never raises)."""
     import torq
-    from torq.compiler.verify import verify
+    from torq.verify import verify
     from torq.errors import TorqError
     row = {"model": name, "flags": flags}
     try:

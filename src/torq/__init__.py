@@ -1,12 +1,14 @@
 """torq: quantize ONNX models with ONNX Runtime, lower them to integer-only TORQ NPU ops
 (torq_hl), simulate those bit-for-bit, and compare every layer with ONNX Runtime.
 
-Python API (one direction of data flow: quantize -> graph -> compiler -> runtime -> gen_config):
+Python API (data and imports flow one way: quantize -> graph -> compiler -> program -> runtime
+-> verify / gen_config; torq.numerics is the leaf every stage uses):
 
     import torq
     qmodel = torq.quantize("model.onnx", per_channel=True, full_integer=True)
     prog = torq.compile(qmodel)
     outputs = prog.run({"input": x_int8}, rounding="native")
+    prog.program.save("model.torq")          # torq.program.Program.load("model.torq") runs anywhere
 """
 from .errors import TorqError
 
@@ -19,7 +21,7 @@ def quantize(*args, **kwargs):
 
 
 def compile(*args, **kwargs):  # noqa: A001 - mirrors torch.compile-style naming
-    from .compiler import compile as _c
+    from .compiled import compile as _c
     return _c(*args, **kwargs)
 
 

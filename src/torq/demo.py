@@ -35,12 +35,12 @@ def quantize_step(out_dir: str | Path = OUT_DIR) -> Path:
 
 def compile_step(q_path: Path, out_dir: str | Path = OUT_DIR):
     """Compile the quantized model to torq_hl (every stage's IR written to out_dir/ir/)."""
-    from .compiler import compile as compile_model
+    from .compiled import compile as compile_model
 
     ir_dir = Path(out_dir) / "ir"
     compiled = compile_model(q_path, debug_ir=ir_dir)
     t = compiled.timings
-    print(f"[3] compiled ONNX -> torch-mlir -> linalg -> torq_hl in {sum(t.values()):.2f} s: "
+    print(f"[3] compiled ONNX -> torch-mlir -> linalg -> torq_hl -> program in {sum(t.values()):.2f} s: "
           + ", ".join(f"{k}×{v}" for k, v in sorted(compiled.report.lowered.items())))
     for u in compiled.report.unsupported:
         print(f"    {u}")
@@ -50,7 +50,7 @@ def compile_step(q_path: Path, out_dir: str | Path = OUT_DIR):
 
 def verify_step(compiled) -> bool:
     """Run the NSS simulator (native and ORT rounding) and ONNX Runtime on random int8 inputs."""
-    from .compiler.verify import print_report, verify
+    from .verify import print_report, verify
 
     print("[4] NSS simulator vs ONNX Runtime (session.qdqisint8allowed=1), random int8 inputs:")
     result = verify(compiled, seed=0)

@@ -126,3 +126,16 @@ def test_unreadable_image(tmp_path):
     ds = load_dataset(tmp_path)
     with pytest.raises(TorqError, match=r"bad.JPEG: unreadable image"):
         ds.load(0)
+
+
+def test_calibration_split_is_disjoint_from_evaluation(tmp_path):
+    from torq.evaluate.run import EvalOptions, split
+    x = np.arange(50, dtype=np.uint8).reshape(50, 1, 1) * np.ones((1, 4, 4), np.uint8)
+    np.savez(tmp_path / "d.npz", x=x, y=np.arange(50) % 10)
+    ds = load_dataset(tmp_path / "d.npz")
+    evaluation, calib = split(ds, EvalOptions(calibration_split=10, limit=30))
+    ev_ids = {int(evaluation.load(i)[0, 0]) for i in range(len(evaluation))}
+    cal_ids = {int(calib.load(i)[0, 0]) for i in range(len(calib))}
+    assert len(calib) == 10 and len(evaluation) == 30 and not ev_ids & cal_ids
+    with pytest.raises(TorqError, match="leaves no evaluation images"):
+        split(ds, EvalOptions(calibration_split=50))

@@ -86,3 +86,14 @@ def test_bad_specs_are_one_line_errors(probe_model, tmp_path, capsys):
                         "--calibration-data", str(TEST))
     _one_line_error(code, err, "calibration data is the evaluation dataset")
     assert not (tmp_path / "torq_out").exists()
+
+
+def test_jobs_match_single_process(probe_model):
+    """--jobs 2 (spawned worker processes) gives the same per-image results as one process."""
+    from torq.evaluate import evaluate
+    kw = dict(preprocess="norm=unit", calibration=str(TRAIN), num_calib=8, limit=12, batch=4,
+              sqnr_images=0, progress=False)
+    one, two = evaluate(probe_model, TEST, **kw), evaluate(probe_model, TEST, jobs=2, **kw)
+    for path in ("fp32", "int8_ort", "int8_nss"):
+        assert np.array_equal(one.top[path], two.top[path]), path
+    assert one.lsb == two.lsb

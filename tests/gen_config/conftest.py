@@ -25,7 +25,7 @@ def cli(*argv) -> int:
     return main([str(a) for a in argv])
 
 
-def conv_chain(path, middle: str | None = "HardSwish", twin_convs: bool = False):
+def conv_chain(path, middle: str | None = "LpNormalization"):
     """x[1,4,8,8] -> Conv3x3 -> <middle> -> Conv3x3 -> y  (fp32; both convs 4->4 so they dedup)."""
     rng = np.random.default_rng(7)
     nodes, inits, x = [], [], "x"

@@ -154,3 +154,24 @@ def test_html_in_headless_chromium(done, tmp_path):
     dom = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom", page.as_uri()],
                          capture_output=True, text=True, timeout=120).stdout
     assert dom.count("<tr>") >= 12 and "Conv_dwconv" in dom and "background:#c8f7c5" in dom
+
+
+def test_quantization_flags_reach_layers_and_fingerprint(tmp_path):
+    import numpy as np
+    model = conv_chain(tmp_path / "q.onnx", middle=None)
+    np.savez(tmp_path / "calib.npz", x=np.random.default_rng(0).uniform(-2, 2, (4, 1, 4, 8, 8)).astype(np.float32))
+    args = ["--model", model, "--output-dir", tmp_path, "--quantize", "--per-channel", "--quant-format", "QDQ",
+            "--quant-dtype", "a8w8", "--calibrate-method", "Entropy", "--num-calib", "4",
+            "--calibration-data", tmp_path / "calib.npz"]
+    assert cli("discover", *args, "--skip-executors", "css", "--recommend-by-timing", "--timing-runs", "1") == 0
+    r = json.loads((tmp_path / "torq_gen_config_q.json").read_text())
+    fp = r["quantization"]
+    assert (fp["per_channel"], fp["calibrate_method"], fp["num_calib"], fp["quant_dtype"]) == (True, "entropy", 4, "A8W8")
+    assert fp["calibration_data"] == "calib.npz" and len(fp["calibration_sha256"]) == 64
+    for op in r["ops"].values():
+        assert set(op["executors"]) == {"nss", "host"} and all("timing" in e for e in op["executors"].values())
+        fastest = min(op["executors"], key=lambda e: op["executors"][e]["timing"]["runtime_ms"])
+        assert op["recommended_executor"] == fastest
+    assert cli("run", *args) == 0
+    np.savez(tmp_path / "calib.npz", x=np.zeros((4, 1, 4, 8, 8), np.float32))   # other calibration data
+    assert cli("run", *args) == 2

@@ -108,6 +108,11 @@ def test_subgraph_skip_ops_and_timing(example):
     t = r["ops"]["Conv_conv2"]["executors"]["nss"]["timing"]
     assert t["runs"] == 2 and t["runtime_ms"] > 0
     assert "timing_summary" in r["discovery_report"]["summary"]
+    comp = json.loads((d / "torq_gen_config_example_subgraph_2_5_compiler.json").read_text())
+    assert len(comp["op_assignments"]) == 3                       # conv2 (+fused relu2), conv3, add
+    assert cli("run", "--model", model, "--output-dir", d, *QFLAGS, "--subgraph-from", "2",
+               "--subgraph-to", "Add_add1", "--rounding", "ort") == 0
+    assert _report(d, "example_subgraph_2_5")["full_model_metrics"]["max_abs_lsb"] == 0
 
 
 def test_debug_ir(example, tmp_path):

@@ -18,15 +18,15 @@ QFLAGS = ["--quantize", "--full-integer"]
 @pytest.fixture(scope="module")
 def chain(tmp_path_factory):
     d = tmp_path_factory.mktemp("chain")
-    model = conv_chain(d / "chain.onnx", "HardSwish")
+    model = conv_chain(d / "chain.onnx", "LpNormalization")
     assert cli("discover", "--model", model, "--output-dir", d, *QFLAGS, "--repro-dir", d / "repro") == 0
     return model, d
 
 
-def test_hardswish_falls_back_to_css(chain):
+def test_lpnorm_falls_back_to_css(chain):
     _, d = chain
     r = json.loads((d / "torq_gen_config_chain.json").read_text())
-    hs = r["ops"]["HardSwish_mid"]
+    hs = r["ops"]["LpNormalization_mid"]
     nss = hs["executors"]["nss"]
     assert nss["status"] == "error" and nss["failure_report"]["reason_code"] == "no_pattern"
     assert "not supported on NSS" in nss["failure_report"]["summary"]
@@ -38,7 +38,7 @@ def test_hardswish_falls_back_to_css(chain):
 
 def test_repro_bundle(chain):
     _, d = chain
-    b = d / "repro" / "HardSwish_mid"
+    b = d / "repro" / "LpNormalization_mid"
     assert (b / "layer.onnx").exists() and (b / "inputs" / "x.npy").exists() or (b / "inputs").is_dir()
     assert (b / "ir" / "layer.linalg.mlir").exists()
     text = (b / "README.txt").read_text()
@@ -47,17 +47,19 @@ def test_repro_bundle(chain):
 
 def test_run_mixed_segments_bit_exact(chain):
     model, d = chain
-    assert cli("run", "--model", model, "--output-dir", d, *QFLAGS, "--rounding", "ort") == 0
+    assert cli("run", "--model", model, "--output-dir", d, *QFLAGS, "--rounding", "ort", "--debug-ir", d / "ir") == 0
     m = json.loads((d / "torq_gen_config_chain.json").read_text())["full_model_metrics"]
     assert [s["executor"] for s in m["segments"]] == ["nss", "css", "nss"]
     assert m["max_abs_lsb"] == 0
+    names = {p.name for p in (d / "ir").iterdir()}
+    assert {"chain.torq_hl.mlir", "chain.segment1_css.linalg.mlir", "chain.segment2_nss.torq_hl.mlir"} <= names
 
 
 @pytest.mark.parametrize("executor", ["css", "host"])
 def test_iree_executors_bit_exact_on_a_layer_nss_refuses(tmp_path, executor):
     from torq.graph import extract_layers
     from torq.quantize import quantize
-    layer = [lay for lay in extract_layers(str(conv_chain(tmp_path / "c.onnx"))) if lay.op_type == "HardSwish"][0]
+    layer = [lay for lay in extract_layers(str(conv_chain(tmp_path / "c.onnx"))) if lay.op_type == "LpNormalization"][0]
     q = quantize(layer.model, full_integer=True, wrap_lone_ops=True)
     compiled = X.frontend(q)
     with pytest.raises(X.ExecutorError) as e:
@@ -70,7 +72,7 @@ def test_iree_executors_bit_exact_on_a_layer_nss_refuses(tmp_path, executor):
 
 
 def test_wrong_executor_is_caught_and_named(chain, monkeypatch, capsys):
-    """Injected fault: CSS returns outputs off by 3 LSB; run fails and names the HardSwish layer."""
+    """Injected fault: CSS returns outputs off by 3 LSB; run fails and names the LpNormalization layer."""
     model, d = chain
     from torq.gen_config.executors import css
     real = css.build
@@ -85,6 +87,6 @@ def test_wrong_executor_is_caught_and_named(chain, monkeypatch, capsys):
     monkeypatch.setattr(css, "build", off_by_three)
     assert cli("run", "--model", model, "--output-dir", d, *QFLAGS, "--rounding", "ort", "--tolerance-lsb", "1") == 1
     m = json.loads((d / "torq_gen_config_chain.json").read_text())["full_model_metrics"]
-    assert not m["passed"] and m["first_divergence"]["layer_id"] == "HardSwish_mid"
+    assert not m["passed"] and m["first_divergence"]["layer_id"] == "LpNormalization_mid"
     assert m["first_divergence"]["executor"] == "css"
-    assert "first diverging layer: HardSwish_mid on css" in capsys.readouterr().out
+    assert "first diverging layer: LpNormalization_mid on css" in capsys.readouterr().out

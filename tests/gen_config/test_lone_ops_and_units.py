@@ -26,7 +26,7 @@ def test_lone_relu_is_refused_without_wrapping():
         quantize(_single("Relu"))
 
 
-@pytest.mark.parametrize("op,fmt", [("Relu", "qdq"), ("Relu", "qoperator"), ("Flatten", "qoperator"),
+@pytest.mark.parametrize("op,fmt", [("Relu", "qdq"), ("HardSwish", "qdq"), ("Relu", "qoperator"), ("Flatten", "qoperator"),
                                     ("GlobalAveragePool", "qoperator"), ("HardSigmoid", "qdq")])
 def test_lone_op_wrapped_lowers_on_nss_bit_exact(op, fmt):
     import torq
@@ -63,6 +63,14 @@ def test_compare_float_rule_with_injected_fault():
     ref = {"y": np.array([100.0, -1.0], np.float32)}
     assert compare({"y": np.array([101.0, -1.0], np.float32)}, ref, 0.01)[0]   # rel 0.005
     assert not compare({"y": np.array([104.0, -1.0], np.float32)}, ref, 0.01)[0]
+
+
+def test_compare_dequantized_float_outputs_in_lsb():
+    ref = {"y": np.array([0.0, 0.1, 5.0], np.float32)}
+    one_lsb = {"y": np.array([0.1, 0.0, 5.1], np.float32)}
+    assert not compare(one_lsb, ref, 0.01)[0]                     # relative rule: 100% error at 0
+    assert compare(one_lsb, ref, 0.01, {"y": 0.1})[0]             # 1 LSB of a DQ output
+    assert not compare({"y": np.array([0.2, 0.1, 5.0], np.float32)}, ref, 0.01, {"y": 0.1})[0]
 
 
 def test_random_inputs_ranges():

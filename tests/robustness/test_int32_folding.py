@@ -49,6 +49,6 @@ def test_bias_zero_point_inside_int32_lowers_exactly(tmp_path):
     m = with_bias(1000)
     assert compile_model(m).report.lowered.get("conv2d") == 1
     onnx.save(m, tmp_path / "zp.onnx")
-    r = subprocess.run([sys.executable, "-m", "torq.compiler.cli", str(tmp_path / "zp.onnx"),
+    r = subprocess.run([sys.executable, "-m", "torq.compile_cli", str(tmp_path / "zp.onnx"),
                         "--verify-against-ort", "--rounding", "ort"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and "PASS" in r.stdout, r.stdout + r.stderr

@@ -23,7 +23,7 @@ def quantize_cli(*args):
 
 
 def compile_cli(*args):
-    return cli("torq.compiler.cli", *args)
+    return cli("torq.compile_cli", *args)
 
 
 def error_line(r, prog) -> str:
@@ -97,7 +97,7 @@ def test_usage_error_is_one_line():
     error_line(compile_cli(), "torq-compile")
 
 
-@pytest.mark.parametrize("module", ["torq.compiler.cli"])
+@pytest.mark.parametrize("module", ["torq.compile_cli"])
 def test_broken_pipe_is_a_clean_exit(module, tmp_path):
     """`torq-compile big.onnx --emit torch_onnx | head -1`: no BrokenPipeError, no message."""
     rng = np.random.default_rng(0)

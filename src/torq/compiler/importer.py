@@ -22,8 +22,6 @@ import onnx
 
 from ..errors import TorqError, one_line
 
-STAGES = ("torch_onnx", "torch", "linalg")
-
 TORCH_PIPELINE = "builtin.module(torch-onnx-to-torch-backend-pipeline)"
 LINALG_PIPELINE = "builtin.module(torch-backend-to-linalg-on-tensors-backend-pipeline)"
 CLEANUP_PIPELINE = "builtin.module(func.func(canonicalize,cse))"
@@ -46,7 +44,12 @@ def new_context():
 
 @contextlib.contextmanager
 def _quiet_stderr():
-    """torch-mlir's QLinearConv lowering prints debug lines straight to fd 2; keep them from users."""
+    """torch-mlir's QLinearConv lowering prints debug lines straight to fd 2; keep them from users
+    (in the isolated child fd 2 is already the diagnostics file the parent keeps)."""
+    from . import isolation
+    if isolation.IN_CHILD:
+        yield
+        return
     try:
         fd = os.dup(2)
     except OSError:  # no real stderr (embedded use)
@@ -83,13 +86,15 @@ def operator_locations(text: str) -> list[tuple[str, str]]:
 
 def import_onnx(model: onnx.ModelProto) -> ImportedModel:
     """Import the model and lower it to linalg in an isolated child (see `isolation.py`)."""
+    from . import isolation
+    if not isolation.enabled():
+        return import_in_process(model)      # lower_to_linalg then runs the pipelines here
     import torch_mlir.dialects.torch  # noqa: F401 - loaded before the fork: the child
     import torch_mlir.extras.onnx_importer  # noqa: F401 - starts warm and within its memory cap
     import torch_mlir.passmanager  # noqa: F401
 
     from . import torq_hl  # noqa: F401
-    from .isolation import run_isolated
-    return run_isolated(import_and_lower, model)
+    return isolation.run_isolated(import_and_lower, model)
 
 
 def import_and_lower(model: onnx.ModelProto) -> ImportedModel:

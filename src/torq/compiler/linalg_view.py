@@ -402,15 +402,6 @@ def _cmp(pred: str, x, y, ordered):
 
 # ---------------------------------------------------------------- recognisers
 
-@dataclass
-class QParams:
-    scale: np.ndarray   # float32, scalar () or broadcastable to the tensor
-    zp: np.ndarray      # int64, same rules
-
-    def scalar(self) -> bool:
-        return np.ndim(self.scale) == 0 or np.all(np.asarray(self.scale) == np.asarray(self.scale).ravel()[0])
-
-
 def squeeze_param(x, dtype):
     """A broadcast constant -> scalar when uniform, else the array kept broadcastable."""
     x = np.asarray(x, dtype=dtype)

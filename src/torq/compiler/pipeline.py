@@ -1,7 +1,7 @@
-"""ONNX (int8) -> torch-onnx -> torch -> linalg -> torq_hl, keeping the IR of every stage.
+"""ONNX (int8) -> torch-onnx -> torch -> linalg -> torq_hl -> Program, keeping every stage's IR.
 
-`compile(model)` is the Python API under `torq-compile`: it returns a `CompiledModel` with
-`.ir(stage)` and `.run(inputs, rounding=...)` (the NSS simulator).
+`compile(model)` returns a `CompiledModel`: `.ir(stage)`, `.report`, `.timings` and `.program`
+(the `torq.program.Program` the runtime executes). `torq.compile` wraps it with `.run`.
 """
 from __future__ import annotations
 
@@ -13,10 +13,18 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from .. import numerics
 from ..errors import TorqError
 from ..fileio import atomic_write_text
 from ..graph import signedness
+from ..graph.canonicalize import canonicalize
+from ..graph.load import load_model
+from ..graph.specialise import specialise_dynamic_dims
+from ..graph.validate import validate
+from ..program import Program
+from ..quantize.full_integer import io_quant_params
 from . import importer, lowering
+from .emit import emit_program
 
 STAGES = ("torch_onnx", "torch", "linalg", "torq_hl")
 
@@ -32,8 +40,8 @@ class CompiledModel:
     timings: dict[str, float] = field(default_factory=dict)
     uint8_inputs: list = field(default_factory=list)   # shifted to int8 at the boundary
     uint8_outputs: list = field(default_factory=list)
-    _program: object = None
-    _module: object = None                 # the live torq_hl module (keeps the torch.operator locations)
+    _program: Program | None = None
+    _program_error: str | None = None      # why there is no program (first unsupported op)
 
     def ir(self, stage: str = "torq_hl") -> str:
         if stage not in self.stages:
@@ -41,28 +49,23 @@ class CompiledModel:
         return self.stages[stage]
 
     @property
-    def program(self):
-        """The NSS program (built on first use; refuses modules with unsupported ops)."""
+    def program(self) -> Program:
+        """The Program the runtime executes; a TorqError naming the first op without a torq_hl
+        lowering when the model has one ("not supported on NSS: <op> at LINE:COL: <reason>")."""
         if self._program is None:
-            from ..runtime.nss import NssProgram
-            module = self._module or importer.parse(self.stages["torq_hl"], filename="model.torq_hl.mlir")
-            self._program = NssProgram(module, self.report.unsupported)
+            raise TorqError(self._program_error or "no program was emitted")
         return self._program
-
-    def run(self, inputs: dict[str, np.ndarray], rounding: str = "native") -> dict[str, np.ndarray]:
-        missing = [n for n in self.input_names if n not in inputs]
-        if missing:
-            raise TorqError(f"missing input(s): {', '.join(missing)}")
-        outs = self.program.run(self.feed(inputs), rounding)
-        return self.fetch(outs)
 
     def feed(self, inputs: dict) -> list:
         """Inputs in function order; uint8 activations shifted to the int8 the module computes with."""
-        return [signedness.shift_in(inputs[n]) if n in self.uint8_inputs else np.asarray(inputs[n])
+        missing = [n for n in self.input_names if n not in inputs]
+        if missing:
+            raise TorqError(f"missing input(s): {', '.join(missing)}")
+        return [numerics.uint8_to_int8(inputs[n]) if n in self.uint8_inputs else np.asarray(inputs[n])
                 for n in self.input_names]
 
     def fetch(self, outs: list) -> dict:
-        return {n: signedness.shift_out(o) if n in self.uint8_outputs else o
+        return {n: numerics.int8_to_uint8(o) if n in self.uint8_outputs else o
                 for n, o in zip(self.output_names, outs)}
 
 
@@ -75,9 +78,6 @@ def compile(model, debug_ir: str | os.PathLike | None = None, name: str | None =
     """Compile a quantized ONNX model (path or ModelProto) to torq_hl.
 
     debug_ir: a folder that receives <name>.<stage>.mlir for every stage."""
-    from ..graph.load import load_model
-    from ..graph.specialise import specialise_dynamic_dims
-    from ..graph.validate import validate
     t0 = time.perf_counter()
     if name is None:
         name = Path(model).stem if isinstance(model, (str, os.PathLike)) else (model.graph.name or "model")
@@ -85,12 +85,7 @@ def compile(model, debug_ir: str | os.PathLike | None = None, name: str | None =
     validate(model, where)             # attribute values torch-mlir would trust blindly
     original = model
     model = specialise_dynamic_dims(model)     # compiled for batch 1 (graph/specialise.py)
-    try:
-        from ..graph.canonicalize import canonicalize
-    except ImportError:  # pragma: no cover - canonicalisation lands separately
-        canonicalize = None
-    if canonicalize is not None:
-        model = canonicalize(model)
+    model = canonicalize(model)
     model, u8_in, u8_out, shifted = signedness.to_int8(model)
     stages: dict[str, str] = {}
     imported = importer.import_onnx(model)
@@ -101,8 +96,8 @@ def compile(model, debug_ir: str | os.PathLike | None = None, name: str | None =
 
     module = importer.lower_to_linalg(imported, dump=dump)
     t2 = time.perf_counter()
-    report = lowering.lower(module, ort_zp_shift=signedness.UINT8_SHIFT if shifted else 0,
-                            onnx_ops={loc: op for op, loc in imported.operator_locations})
+    onnx_ops = {loc: op for op, loc in imported.operator_locations}
+    report = lowering.lower(module, ort_zp_shift=numerics.UINT8_SHIFT if shifted else 0, onnx_ops=onnx_ops)
     try:
         module.operation.verify()      # the torq_hl dialect is IRDL-registered: attributes are checked
     except Exception as e:  # noqa: BLE001 - an invalid module is a compiler bug, say where
@@ -110,9 +105,16 @@ def compile(model, debug_ir: str | os.PathLike | None = None, name: str | None =
     stages["torq_hl"] = module.operation.get_asm()
     t3 = time.perf_counter()
     ins, outs = _graph_io(model)
+    program, why = None, None
+    try:
+        program = emit_program(module, report.unsupported, onnx_ops, ins, outs, u8_in, u8_out,
+                               io_quant_params(original))
+    except TorqError as e:
+        why = str(e)
+    t4 = time.perf_counter()
     compiled = CompiledModel(original, ins, outs, stages, report, imported.operator_locations,
-                             {"import_s": t1 - t0, "linalg_s": t2 - t1, "torq_hl_s": t3 - t2}, u8_in, u8_out,
-                             _module=module)
+                             {"import_s": t1 - t0, "linalg_s": t2 - t1, "torq_hl_s": t3 - t2, "program_s": t4 - t3},
+                             u8_in, u8_out, program, why)
     if debug_ir is not None:
         for stage, text in stages.items():
             atomic_write_text(Path(debug_ir) / f"{name}.{stage}.mlir", text)

@@ -49,6 +49,8 @@ def register(sub) -> None:
     p.add_argument("--calibrate-method", default="percentile", metavar="{minmax,entropy,percentile}",
                    help="activation ranges from calibration data (default percentile: best measured)")
     p.add_argument("--per-tensor", action="store_true", help="one weight scale per tensor (default per channel)")
+    p.add_argument("--bias-correction", action="store_true",
+                   help="correct Conv/Gemm biases for int8 weight rounding before quantizing (fp32 transform)")
     p.add_argument("--limit", type=int, metavar="N", help="evaluate only the first N images")
     p.add_argument("--batch", type=int, default=8, metavar="B", help="images per NSS call (default 8)")
     p.add_argument("--jobs", type=int, default=1, metavar="N", help="NSS worker processes (default 1)")
@@ -74,16 +76,11 @@ def run(args) -> int:
     opts = EvalOptions(preprocess=parse_preprocess(args.preprocess), batch=args.batch, limit=args.limit,
                        calibration=args.calibration_data, calibration_split=args.calibration_split,
                        num_calib=args.num_calib, per_channel=not args.per_tensor,
-                       calibrate_method=args.calibrate_method.lower(), sqnr_images=args.sqnr_images,
+                       calibrate_method=args.calibrate_method.lower(),
+                       bias_correction=args.bias_correction, sqnr_images=args.sqnr_images,
                        jobs=args.jobs, ray=args.ray)
-    _quiet_ort()
     result = evaluate(args.model, args.dataset, options=opts)
     print(result.markdown())
     for path in result.write(args.output_dir):
         print(f"wrote {path}")
     return 0
-
-
-def _quiet_ort() -> None:
-    import onnxruntime as ort
-    ort.set_default_logger_severity(3)

@@ -33,6 +33,7 @@ class EvalOptions:
     num_calib: int = 100                   # at most this many calibration images
     per_channel: bool = True
     calibrate_method: str = "percentile"
+    bias_correction: bool = False          # fp32 transform before quantizing (quantize.bias_correction)
     sqnr_images: int = 8                   # images used for the per-layer SQNR
     jobs: int = 1                          # NSS worker processes
     ray: str | bool | None = None          # Ray cluster address, True = a local instance
@@ -101,7 +102,11 @@ def prepare(model_path, data: Dataset, calib: Dataset, opts: EvalOptions):
     fp32 = fold_fp32(load_model(model_path))
     name, shape = input_shape(fp32)
     reader = DatasetReader(calib, opts.preprocess, shape, name, opts.num_calib)
-    q = quantize(fp32, calibration_data_reader=reader, per_channel=opts.per_channel,
+    to_quantize = fp32
+    if opts.bias_correction:
+        from ..quantize.bias_correction import correct_bias
+        to_quantize = correct_bias(fp32, reader, per_channel=opts.per_channel)
+    q = quantize(to_quantize, calibration_data_reader=reader, per_channel=opts.per_channel,
                  full_integer=True, calibrate_method=opts.calibrate_method)
     probe = OrtEngine(fp32)(opts.preprocess.batch([data.load(0)], shape, name))
     classes = int(np.prod(probe.shape[1:]))

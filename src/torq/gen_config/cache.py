@@ -11,6 +11,9 @@ from pathlib import Path
 from .. import __version__
 from ..fileio import atomic_write_json
 
+#: bump when the comparison or recommendation rules change (old cached verdicts become stale)
+RULES_VERSION = 2
+
 
 class ResultCache:
     def __init__(self, root: Path, recompute: bool = False):
@@ -19,7 +22,7 @@ class ResultCache:
         self.hits = 0
 
     def key(self, model_bytes: bytes, flags: dict) -> str:
-        h = hashlib.sha256(f"torq {__version__}|".encode() + json.dumps(flags, sort_keys=True).encode())
+        h = hashlib.sha256(f"torq {__version__}|rules {RULES_VERSION}|".encode() + json.dumps(flags, sort_keys=True).encode())
         h.update(model_bytes)
         return h.hexdigest()
 

@@ -42,13 +42,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
     from . import discover, edit, run, view
+    from ..evaluate import cli as evaluate
     _add_quantize(sub)
     discover.register(sub)
     run.register(sub)
     view.register(sub)
     edit.register(sub)
-    from ..evaluate.cli import register as _add_evaluate
-    _add_evaluate(sub)
+    evaluate.register(sub)
     return p
 
 

@@ -52,36 +52,45 @@ class Context:
     computed: int = 0
 
 
-def full_model(opts_model: Path, quant: QuantSettings):
-    """The model the executor map is for: the fp32 model, or its quantization with the same flags."""
+def model_and_layers(model_path: Path, quant: QuantSettings, subgraph=(None, None)):
+    """(layers, report-name suffix, the model the executor map is for): the fp32 model (or the
+    sub-graph's nodes), quantized with the same flags under ``--quantize``."""
+    from ..graph import extract_segment
     from ..graph.load import load_model
-    fp32 = load_model(opts_model)
+    fp32 = load_model(model_path)
+    layers, suffix = select_layers(fp32, subgraph)
+    base = extract_segment(fp32, [lay.node_index for lay in layers]) if suffix else fp32
     if not quant.quantize:
-        return fp32, fp32
+        return layers, suffix, base
     from ..quantize import quantize
-    return fp32, quantize(fp32, **quant.kwargs())
+    return layers, suffix, quantize(base, **quant.kwargs())
 
 
 def select_layers(fp32, subgraph):
+    """All layers, or those from --subgraph-from to --subgraph-to (inclusive) and the file suffix."""
     from ..graph import extract_layers
-    from ..graph.extract import _prepare, _resolve
     layers = extract_layers(fp32)
     lo, hi = subgraph
     if lo is None and hi is None:
         return layers, ""
-    p = _prepare(fp32)
-    non_const = [i for i, n in enumerate(p.model.graph.node) if n.op_type != "Constant"]
-
-    def index(sel, flag):
-        try:
-            return non_const.index(_resolve(p, [int(sel) if str(sel).isdigit() else sel])[0])
-        except TorqError as e:
-            raise TorqError(f"{flag}: {e}") from None
-    a = index(lo, "--subgraph-from") if lo is not None else 0
-    b = index(hi, "--subgraph-to") if hi is not None else len(layers) - 1
+    a = _layer_index(layers, lo, "--subgraph-from") if lo is not None else 0
+    b = _layer_index(layers, hi, "--subgraph-to") if hi is not None else len(layers) - 1
     if a > b:
         raise TorqError(f"--subgraph-from ({a}) comes after --subgraph-to ({b})")
-    return [lay for lay in layers if a <= lay.node_index <= b], f"_subgraph_{a}_{b}"
+    return layers[a:b + 1], f"_subgraph_{a}_{b}"
+
+
+def _layer_index(layers, selector: str, flag: str) -> int:
+    """A non-Constant node index, a layer id, a node name or an output tensor name."""
+    sel = str(selector)
+    if sel.isdigit():
+        if int(sel) >= len(layers):
+            raise TorqError(f"{flag} {sel}: out of range (the model has {len(layers)} layers)")
+        return int(sel)
+    for i, lay in enumerate(layers):
+        if sel in (lay.id, lay.node_name) or sel in {o.name for o in lay.model.graph.output}:
+            return i
+    raise TorqError(f"{flag} '{sel}': no such node (use an index, node name, <OpType>_<output> or output name)")
 
 
 def locations(model) -> list:
@@ -96,15 +105,17 @@ def locations(model) -> list:
 def run_discovery(opts: DiscoverOptions, progress=None) -> tuple[dict, Path]:
     stem = opts.model.stem
     check_output_dir(opts.output_dir)
-    fp32, full = full_model(opts.model, opts.quant)
-    layers, suffix = select_layers(fp32, opts.subgraph)
+    layers, suffix, full = model_and_layers(opts.model, opts.quant, opts.subgraph)
     path = schema.report_path(opts.output_dir, stem, suffix)
     report = _start_report(path, stem, opts)
     places = mapping.map_layers([lay.op_type for lay in layers], locations(full))
     ctx = Context(opts, report, path, ResultCache(cache_dir(), opts.recompute_cache))
     plan = _plan(ctx, layers)
     tested = [lay for lay, why in zip(layers, plan) if why == "test"]
-    with _results(opts, [(opts, lay, schema.tolerance(report, lay.id)) for lay in tested]) as results:
+    calib = _layer_calibration(opts, tested)
+    qkey = dict(report["quantization"], model_sha256=None) if opts.quant.quantize else None
+    work = [(opts, lay, schema.tolerance(report, lay.id), calib.get(lay.id), qkey) for lay in tested]
+    with _results(opts, work) as results:
         for i, (layer, (k, loc), why) in enumerate(zip(layers, places, plan)):
             if progress:
                 progress(i, len(layers), layer.id)
@@ -120,6 +131,19 @@ def run_discovery(opts: DiscoverOptions, progress=None) -> tuple[dict, Path]:
     report["discovery_report"]["summary"].update(computed=ctx.computed, from_cache=ctx.cache.hits)
     schema.save(report, path)
     return report, path
+
+
+def _layer_calibration(opts: DiscoverOptions, layers) -> dict:
+    """With --calibration-data: layer id -> {input name: samples} from the full fp32 model."""
+    if not (opts.quant.quantize and opts.quant.calibration_data):
+        return {}
+    from ..graph.load import load_model
+    from ..quantize.per_layer import layer_samples
+    inputs = {lay.id: [v.name for v in lay.model.graph.input
+                       if v.name not in {t.name for t in lay.model.graph.initializer}] for lay in layers}
+    samples = layer_samples(load_model(opts.model), {n for names in inputs.values() for n in names},
+                            opts.quant.calibration_data, opts.quant.num_calib)
+    return {lid: {n: samples[n] for n in names} for lid, names in inputs.items()}
 
 
 @contextlib.contextmanager
@@ -188,10 +212,13 @@ def _fill(ctx: Context, layer, entry: dict, why, results) -> None:
     entry["recommended_executor"] = schema.recommend(entry["executors"], ctx.opts.recommend_by_timing)
 
 
-def _test_executors(opts: DiscoverOptions, layer, tol: dict) -> tuple[dict, int, int]:
-    """(results per executor, 1 if the layer was tested here else 0, cache hits). Runs in workers."""
+def _test_executors(opts: DiscoverOptions, layer, tol: dict, calib=None, qkey=None) -> tuple[dict, int, int]:
+    """(results per executor, 1 if the layer was tested here else 0, cache hits). Runs in workers.
+
+    Cache key: the layer's bytes + ``qkey`` (quantization flags and calibration data hash) + the
+    rest of the flags that change a result."""
     cache = ResultCache(cache_dir(), opts.recompute_cache)
-    flags = {"quant": opts.quant.kwargs() if opts.quant.quantize else None, "tol": tol,
+    flags = {"quant": qkey, "tol": tol,
              "timing_runs": opts.timing_runs, "rounding": opts.rounding, "seed": layer_test.SEED}
     key = cache.key(layer.model.SerializeToString(), flags)
     prepared, results = None, {}
@@ -199,14 +226,15 @@ def _test_executors(opts: DiscoverOptions, layer, tol: dict) -> tuple[dict, int,
         r = cache.get(key, ex)
         if r is None:
             if prepared is None:
-                prepared = layer_test.prepare(layer.model, opts.quant, opts.debug_ir, layer_test._safe(layer.id))
+                prepared = layer_test.prepare(layer.model, opts.quant, opts.debug_ir,
+                                              layer_test.safe_name(layer.id), calib)
             r = layer_test.run_executor(prepared, ex, tol, cache.root, opts.rounding, opts.timing_runs)
             cache.put(key, ex, r)
         results[ex] = r
         if opts.skip_mode and r["status"] == "success":
             break
     if opts.repro_dir and any(r["status"] != "success" for r in results.values()):
-        prepared = prepared or layer_test.prepare(layer.model, opts.quant, None, "layer")
+        prepared = prepared or layer_test.prepare(layer.model, opts.quant, None, "layer", calib)
         layer_test.write_repro(Path(opts.repro_dir), layer.id, prepared, results, opts.argv)
     return results, int(prepared is not None), cache.hits
 

@@ -11,7 +11,7 @@ import numpy as np
 
 from ..fileio import atomic_write_bytes, atomic_write_text, save_model
 from . import executors as X
-from .compare import compare, random_inputs
+from .compare import compare, dq_output_scales, random_inputs
 
 SEED = 1234
 
@@ -25,24 +25,31 @@ class Prepared:
     error: X.ExecutorError | None = None    # a failure before any executor ran
 
 
-def prepare(fp32_layer, quant, debug_ir=None, name="layer") -> Prepared:
-    """Quantize (with lone-op wrapping), make inputs, run ORT, compile once for all executors."""
+def prepare(fp32_layer, quant, debug_ir=None, name="layer", calib=None) -> Prepared:
+    """Quantize (with lone-op wrapping), make inputs, run ORT, compile once for all executors.
+
+    ``calib``: the layer's input activations from the full model's calibration data (else the
+    quantizer's synthetic data, as the reference tool does per layer)."""
     from ..runtime import reference
     p = Prepared()
     try:
         if quant.quantize:
             from ..quantize import quantize
-            p.model = quantize(fp32_layer, wrap_lone_ops=True, **quant.kwargs())
+            kwargs = quant.kwargs()
+            if calib is not None:
+                from ..quantize.per_layer import reader_for
+                kwargs.update(calibration_data=None, calibration_data_reader=reader_for(fp32_layer, calib))
+            p.model = quantize(fp32_layer, wrap_lone_ops=True, **kwargs)
         else:
             p.model = fp32_layer
     except Exception as e:  # noqa: BLE001
-        p.error = X.ExecutorError("quantize_failed", f"per-layer quantization failed: {X._one_line(e)}")
+        p.error = X.ExecutorError("quantize_failed", f"per-layer quantization failed: {X.one_line(e)}")
         return p
     p.inputs = random_inputs(p.model, SEED)
     try:
         p.reference = reference.run(p.model, p.inputs)
     except Exception as e:  # noqa: BLE001
-        p.error = X.ExecutorError("reference_failed", f"ONNX Runtime failed: {X._one_line(e)}")
+        p.error = X.ExecutorError("reference_failed", f"ONNX Runtime failed: {X.one_line(e)}")
         return p
     try:
         p.compiled = X.frontend(p.model, debug_ir=debug_ir, name=name)
@@ -60,7 +67,7 @@ def run_executor(p: Prepared, executor: str, tol: dict, cache_dir, rounding="nat
             raise p.error
         runnable = X.build(executor, p.compiled, cache_dir=cache_dir, rounding=rounding)
         outs, ms = runnable.run(p.inputs)
-        ok, diff = compare(outs, p.reference, tol["fp_max_tol"])
+        ok, diff = compare(outs, p.reference, tol["fp_max_tol"], dq_output_scales(p.model))
     except X.ExecutorError as e:
         entry["failure_report"] = {"type": "error", "summary": e.summary, "reason_code": e.reason_code}
         return entry
@@ -77,20 +84,20 @@ def run_executor(p: Prepared, executor: str, tol: dict, cache_dir, rounding="nat
     return entry
 
 
-def _safe(name: str) -> str:
+def safe_name(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_") or "layer"
 
 
 def write_repro(root: Path, layer_id: str, p: Prepared, results: dict, argv: list[str]) -> Path:
     """A self-contained bundle for a layer that is not a success: ONNX, inputs, IR, command."""
-    d = Path(root) / _safe(layer_id)
+    d = Path(root) / safe_name(layer_id)
     if p.model is not None:
         save_model(p.model, d / "layer.onnx")
     for name, arr in p.inputs.items():
         import io
         buf = io.BytesIO()
         np.save(buf, arr)
-        atomic_write_bytes(d / "inputs" / f"{_safe(name)}.npy", buf.getvalue())
+        atomic_write_bytes(d / "inputs" / f"{safe_name(name)}.npy", buf.getvalue())
     if p.compiled is not None:
         for stage, text in p.compiled.stages.items():
             atomic_write_text(d / "ir" / f"layer.{stage}.mlir", text)

@@ -17,7 +17,7 @@ import numpy as np
 from ..errors import TorqError
 from . import executors as X
 from . import mapping, partition, schema
-from .discover import full_model, select_layers
+from .discover import model_and_layers
 from .options import QuantSettings, add_common_args, cache_dir, quant_settings
 
 DEFAULT_TOL_LSB = 5
@@ -98,20 +98,11 @@ def _drop_dq_outputs(model, keep: set):
     return model
 
 
-def _lsb_scale(c, name: str) -> float:
-    """Outputs that are DequantizeLinear results are compared in their int8 LSB (|Δ| / scale)."""
-    from onnx import numpy_helper
-    inits = {t.name: t for t in c.graph.initializer}
-    for n in c.graph.node:
-        if n.op_type == "DequantizeLinear" and n.output[0] == name and n.input[1] in inits:
-            return float(np.asarray(numpy_helper.to_array(inits[n.input[1]])).max())
-    return 1.0
-
-
 def metrics(c, ours: dict, ref: dict, tol: float) -> dict:
-    per_output, hist, top1 = {}, {}, []
+    from .compare import dq_output_scales
+    per_output, hist, top1, scales = {}, {}, [], dq_output_scales(c)
     for name, r in ref.items():
-        scale = _lsb_scale(c, name) if not np.issubdtype(r.dtype, np.integer) else 1.0
+        scale = scales.get(name, 1.0) if not np.issubdtype(r.dtype, np.integer) else 1.0
         d = np.abs(ours[name].astype(np.float64) - r.astype(np.float64)) / scale
         lsb = np.rint(d).astype(np.int64)
         per_output[name] = {"max_abs_lsb": float(d.max(initial=0)), "differing": int((lsb > 0).sum()),
@@ -178,14 +169,10 @@ def c_nodes(c) -> list:
 def run_full(opts: RunOptions, log=None) -> tuple[dict, Path]:
     from ..graph.canonicalize import canonicalize
     from ..runtime import reference
-    fp32, q = full_model(opts.model, opts.quant)
-    layers, suffix = select_layers(fp32, opts.subgraph)
+    layers, suffix, q = model_and_layers(opts.model, opts.quant, opts.subgraph)
     path = schema.report_path(opts.output_dir, opts.model.stem, suffix)
     report = schema.load(path)
     check_fingerprint(report, opts.quant.fingerprint(opts.model), path)
-    if opts.subgraph != (None, None):
-        from ..graph import extract_segment
-        q = extract_segment(q, [lay.id for lay in layers]) if not opts.quant.quantize else q
     c = canonicalize(q)
     full = X.frontend(q, debug_ir=opts.debug_ir, name=opts.model.stem)
     executor_of = assign(report, layers, full.operator_locations)

@@ -46,6 +46,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from .. import numerics
+from .walk import subgraphs
 from ..errors import TorqError
 
 __all__ = ["canonicalize", "REWRITES"]
@@ -265,14 +266,6 @@ def _all_names(graph: onnx.GraphProto) -> set:
     return names
 
 
-def _all_nodes(graph: onnx.GraphProto):
-    for n in graph.node:
-        yield n
-        for a in n.attribute:
-            for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
-                yield from _all_nodes(g)
-
-
 def _opset(model: onnx.ModelProto, domain: str) -> int:
     return next((o.version for o in model.opset_import if o.domain == domain
                  or (domain == "" and o.domain == "ai.onnx")), 0)
@@ -302,7 +295,7 @@ def canonicalize(model: onnx.ModelProto) -> onnx.ModelProto:
     del g.node[:]
     g.node.extend(new_nodes)
     g.initializer.extend(new_inits)
-    for n in _all_nodes(g):   # top-level ones are gone; these sit in If/Loop/Scan bodies
+    for n in (n for sub in subgraphs(g) for n in sub.node):   # top-level ones are gone; these sit in If/Loop/Scan bodies
         if n.domain == MS:
             raise TorqError(f"canonicalize: node {n.name or n.output[0]!r} ({MS}.{n.op_type}) inside a "
                             "subgraph is not supported")

@@ -26,6 +26,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from ..errors import TorqError
 from .load import load_model
+from .walk import node_subgraphs
 
 #: Ops folded into initializers when all their inputs are constant. Deterministic, cheap, and
 #: typical of shape arithmetic; heavy compute (Conv, MatMul, ...) is never folded.
@@ -236,16 +237,13 @@ def _prepare(model) -> _Prepared:
 def _implicit_inputs(node: onnx.NodeProto) -> set[str]:
     """Outer-scope tensors read inside a node's subgraphs (If/Loop/Scan bodies)."""
     used: set[str] = set()
-    for a in node.attribute:
-        graphs = [a.g] if a.type == onnx.AttributeProto.GRAPH else (
-            list(a.graphs) if a.type == onnx.AttributeProto.GRAPHS else [])
-        for g in graphs:
-            defined = {v.name for v in g.input} | {t.name for t in g.initializer}
-            defined |= {o for n in g.node for o in n.output}
-            for n in g.node:
-                used |= {x for x in n.input if x and x not in defined}
-                used |= _implicit_inputs(n) - defined
-            used |= {o.name for o in g.output} - defined
+    for g in node_subgraphs(node):
+        defined = {v.name for v in g.input} | {t.name for t in g.initializer}
+        defined |= {o for n in g.node for o in n.output}
+        for n in g.node:
+            used |= {x for x in n.input if x and x not in defined}
+            used |= _implicit_inputs(n) - defined
+        used |= {o.name for o in g.output} - defined
     return used
 
 

@@ -14,6 +14,7 @@ import onnx
 from onnx import TensorProto, numpy_helper
 
 from ..errors import TorqError, one_line, quote
+from .walk import subgraphs
 
 #: Operator domains torq understands; anything else is a custom op nobody can run.
 KNOWN_DOMAINS = {"", "ai.onnx", "com.microsoft", "ai.onnx.ml"}
@@ -73,20 +74,9 @@ def _parse_file(path: Path) -> onnx.ModelProto:
     return m
 
 
-def _iter_graphs(g: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
-    yield g
-    for n in g.node:
-        for a in n.attribute:
-            if a.type == onnx.AttributeProto.GRAPH:
-                yield from _iter_graphs(a.g)
-            elif a.type == onnx.AttributeProto.GRAPHS:
-                for sg in a.graphs:
-                    yield from _iter_graphs(sg)
-
-
 def _iter_tensors(g: onnx.GraphProto) -> Iterator[tuple[onnx.TensorProto, str]]:
     """Every stored tensor (initializers, sparse values, Constant/attribute tensors) with an owner label."""
-    for sub in _iter_graphs(g):
+    for sub in subgraphs(g):
         for t in sub.initializer:
             yield t, f"initializer {quote(t.name)}"
         for st in sub.sparse_initializer:
@@ -153,7 +143,7 @@ def _validate(m: onnx.ModelProto, where: str, path: Path | None) -> None:
 
 def _check_domains(m: onnx.ModelProto, where: str) -> None:
     local = {f.domain for f in m.functions}
-    for g in _iter_graphs(m.graph):
+    for g in subgraphs(m.graph):
         for i, n in enumerate(g.node):
             if n.domain not in KNOWN_DOMAINS and n.domain not in local:
                 raise TorqError(f"{where}: node {quote(n.name or f'#{i}')} ({n.op_type}) uses unknown custom "
@@ -181,7 +171,7 @@ def is_quantized(model: onnx.ModelProto) -> bool:
     quantization ops, (u)int8/(u)int16 initializers feeding a weight input, or (u)int8/(u)int16
     graph inputs/outputs."""
     g = model.graph
-    for sub in _iter_graphs(g):
+    for sub in subgraphs(g):
         for n in sub.node:
             if _is_quant_op(n):
                 return True

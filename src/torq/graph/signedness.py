@@ -3,7 +3,7 @@
 Every integer op of a quantized graph computes with (q - zp), which the shift leaves unchanged,
 and the requantized output moves by the same 128. torch-mlir would otherwise wrap each uint8
 tensor in `x - 128` generics; doing it once at the ONNX level keeps the NPU ops int8-only.
-The caller shifts uint8 graph inputs/outputs at the boundary (`UINT8_SHIFT`).
+The caller shifts uint8 graph inputs/outputs at the boundary (`numerics.uint8_to_int8`).
 
 Two ONNX Runtime kernels add a zero point in float *before* rounding (QLinearAdd,
 QLinearAveragePool), so their float rounding is not shift-invariant; the lowering records the
@@ -15,7 +15,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, numpy_helper
 
-UINT8_SHIFT = 128
+from ..numerics import UINT8_SHIFT
 
 # For these ops, which inputs are zero points (a uint8 zero point makes its tensor uint8).
 _ZP_INPUTS = {
@@ -60,11 +60,3 @@ def to_int8(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str], list[st
             v = numpy_helper.to_array(t).astype(np.int16) - UINT8_SHIFT
             t.CopyFrom(numpy_helper.from_array(v.astype(np.int8), name))
     return (m if changed else model), ins, outs, changed
-
-
-def shift_in(x: np.ndarray) -> np.ndarray:
-    return (np.asarray(x).astype(np.int16) - UINT8_SHIFT).astype(np.int8)
-
-
-def shift_out(x: np.ndarray) -> np.ndarray:
-    return (np.asarray(x).astype(np.int16) + UINT8_SHIFT).astype(np.uint8)

@@ -22,7 +22,8 @@ from .loops import act_loop, add_loop, as4d, bcast, channel_params, contiguous_r
 __all__ = ["INT32_MIN", "INT32_MAX", "MAX_SHIFT", "SHIFT_STEP", "ZERO_SCALE_SHIFT", "llround",
            "multiplier_and_shift", "per_channel_multipliers", "conv_rescale", "ntp_shift",
            "act_native", "act_native_parts", "add_multipliers", "add_native_mults", "mul_multiplier",
-           "mul_native", "avgpool_multiplier", "avgpool_native"]
+           "mul_native", "avgpool_multiplier", "avgpool_native", "UINT8_SHIFT", "uint8_to_int8",
+           "int8_to_uint8"]
 
 INT32_MIN = -(1 << 31)
 INT32_MAX = (1 << 31) - 1
@@ -282,3 +283,15 @@ def avgpool_native(sum_minus_zp, counts, xs, ys, zy, qmin, qmax) -> np.ndarray:
     shift = np.array([s for _, s in ms], dtype=np.int64)[inv].reshape(shape)
     return act_native(acc, mult, shift, zy, qmin, qmax)
 
+
+UINT8_SHIFT = 128
+
+
+def uint8_to_int8(x) -> np.ndarray:
+    """A uint8 tensor as the int8 the NPU computes with: ``x - 128`` (zero points shift alike)."""
+    return (np.asarray(x).astype(np.int16) - UINT8_SHIFT).astype(np.int8)
+
+
+def int8_to_uint8(x) -> np.ndarray:
+    """Inverse of ``uint8_to_int8``: ``x + 128`` as uint8."""
+    return (np.asarray(x).astype(np.int16) + UINT8_SHIFT).astype(np.uint8)

@@ -23,6 +23,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from ..graph.walk import subgraphs
+
 IO_QUANT_KEY = "torq.io_quant"
 
 
@@ -49,22 +51,17 @@ def _qparams(node: onnx.NodeProto, inits: dict[str, np.ndarray]):
 
 def _rename_everywhere(g: onnx.GraphProto, old: str, new: str) -> None:
     """Rename a tensor in every node input/output, including implicit uses inside subgraphs."""
-    for n in g.node:
-        for i, x in enumerate(n.input):
-            if x == old:
-                n.input[i] = new
-        for i, x in enumerate(n.output):
-            if x == old:
-                n.output[i] = new
-        for a in n.attribute:
-            if a.type == onnx.AttributeProto.GRAPH:
-                _rename_everywhere(a.g, old, new)
-            elif a.type == onnx.AttributeProto.GRAPHS:
-                for sg in a.graphs:
-                    _rename_everywhere(sg, old, new)
-    for vi in g.value_info:
-        if vi.name == old:
-            vi.name = new
+    for sub in subgraphs(g):
+        for n in sub.node:
+            for i, x in enumerate(n.input):
+                if x == old:
+                    n.input[i] = new
+            for i, x in enumerate(n.output):
+                if x == old:
+                    n.output[i] = new
+        for vi in sub.value_info:
+            if vi.name == old:
+                vi.name = new
 
 
 def _drop_value_info(g: onnx.GraphProto, names: set[str]) -> None:

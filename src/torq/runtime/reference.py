@@ -47,7 +47,10 @@ FLOAT_COMPUTE = ("Conv", "MatMul", "Gemm", "AveragePool", "GlobalAveragePool")
 def run(model: onnx.ModelProto, inputs: dict[str, np.ndarray], sess=None) -> dict[str, np.ndarray]:
     sess = sess or session(model)
     names = [o.name for o in sess.get_outputs()]
-    return dict(zip(names, sess.run(names, inputs)))
+    try:
+        return dict(zip(names, sess.run(names, inputs)))
+    except Exception as e:  # noqa: BLE001 - ORT refuses the model's values at run time
+        raise TorqError(f"ONNX Runtime cannot run the model: {one_line(e)}") from None
 
 
 _NP = {"tensor(int8)": np.int8, "tensor(uint8)": np.uint8, "tensor(float)": np.float32,

@@ -199,12 +199,6 @@ def emit(name: str, root: Root, operands, attrs: dict, loc_op, result_type=None,
     return new
 
 
-def weights_operand(w: np.ndarray, loc, ip):
-    """Weights as i8 when they fit (w_zp == 0), else i16 (seed §4.3.1)."""
-    kind = "i8" if w.min() >= -128 and w.max() <= 127 else "i16"
-    return constant(w, kind, loc, ip)
-
-
 def lookup_table(*generics) -> np.ndarray:
     """256-entry int8 -> int8 table: the given one-input elementwise generics (e.g. DQ, f, Q)
     evaluated in order on every int8 value, exactly as the linalg computes them."""

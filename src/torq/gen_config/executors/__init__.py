@@ -44,10 +44,10 @@ class Runnable:
         except ExecutorError:
             raise
         except Exception as e:  # noqa: BLE001 - any run-time failure is this executor's result
-            raise ExecutorError("runtime_failed", f"{self.executor} run failed: {_one_line(e)}") from None
+            raise ExecutorError("runtime_failed", f"{self.executor} run failed: {one_line(e)}") from None
 
 
-def _one_line(e: Exception) -> str:
+def one_line(e: Exception) -> str:
     text = " ".join(str(e).split())
     return (text or type(e).__name__)[:300]
 
@@ -64,4 +64,4 @@ def frontend(model, debug_ir=None, name=None):
     try:
         return torq_compile(model, debug_ir=debug_ir, name=name)
     except Exception as e:  # noqa: BLE001
-        raise ExecutorError("import_failed", f"compile failed: {_one_line(e)}") from None
+        raise ExecutorError("import_failed", f"compile failed: {one_line(e)}") from None

@@ -1,7 +1,7 @@
 """Shared by CSS and HOST: the layer's linalg IR compiled by IREE for one backend."""
 from __future__ import annotations
 
-from . import ExecutorError, Runnable, _one_line
+from . import ExecutorError, Runnable, one_line
 
 
 def build(name: str, compiled, cache_dir=None) -> Runnable:
@@ -9,7 +9,7 @@ def build(name: str, compiled, cache_dir=None) -> Runnable:
     try:
         module = iree.compile_module(compiled.ir("linalg"), iree.BACKENDS[name], cache_dir)
     except Exception as e:  # noqa: BLE001
-        raise ExecutorError("iree_compile_failed", _one_line(e)) from None
+        raise ExecutorError("iree_compile_failed", one_line(e)) from None
 
     def run(inputs):
         outs, ms = module.run(compiled.feed(inputs))

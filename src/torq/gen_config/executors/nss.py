@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import time
 
-from . import ExecutorError, Runnable, _one_line
+from . import ExecutorError, Runnable, one_line
 
 NAME = "nss"
 
@@ -12,7 +12,7 @@ def build(compiled, *, cache_dir=None, rounding: str = "native") -> Runnable:
     try:
         compiled.program  # noqa: B018 - builds the program; refuses ops without a torq_hl rule
     except Exception as e:  # noqa: BLE001 - "not supported on NSS: <op> at L:C: <reason>"
-        raise ExecutorError("no_pattern", _one_line(e)) from None
+        raise ExecutorError("no_pattern", one_line(e)) from None
 
     def run(inputs):
         t0 = time.perf_counter()

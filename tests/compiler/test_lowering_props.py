@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 from onnx import helper
 
 from qmodels import conv_model, model, quantize
-from torq.compiler import compile
-from torq.compiler import compile as torq_compile
-from torq.compiler.verify import verify
+from torq import compile
+from torq import compile as torq_compile
+from torq.verify import verify
 from torq.runtime.reference import random_inputs
 
 SETTINGS = settings(max_examples=30, deadline=None, derandomize=True,
@@ -120,7 +120,7 @@ def test_add_mul(data, fmt, act, op):
 def test_large_add_mul_run_through_their_pair_table(monkeypatch, op, fmt, act):
     """Same-shape byte operands of >= 16K elements run through a 256x256 table of the op's own
     recipe: bit-exact with ORT (ort), explained (native), and identical to the direct recipe."""
-    from torq.runtime import nss
+    from torq.runtime import ops
     shape = [1, 4, 72, 72]                                          # 20736 elements
     m = model([helper.make_node(op, ["a", "b"], ["y"])], [("a", shape), ("b", shape)], ["y"], {})
     c = check_compiled(compile(quantize(m, {"a": shape, "b": shape}, fmt, False, act, seed=3, lo=-2.0, hi=1.5)),
@@ -132,7 +132,7 @@ def test_large_add_mul_run_through_their_pair_table(monkeypatch, op, fmt, act):
     monkeypatch.setattr(kernels, "pair_lookup", lambda *a: calls.append(1) or lookup(*a))
     tabled = {r: c.run(feeds, rounding=r) for r in ("native", "ort")}
     assert len(calls) == (1 if op == "Add" else 2)   # the table path really ran (native Add: a loop)
-    monkeypatch.setattr(nss, "_PAIR_TABLE_MIN", 1 << 40)
+    monkeypatch.setattr(ops, "_PAIR_TABLE_MIN", 1 << 40)
     direct = {r: torq_compile(c.model).run(feeds, rounding=r) for r in ("native", "ort")}
     for r in tabled:
         for name in tabled[r]:

@@ -15,7 +15,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from qmodels import conv_model, quantize
 from torq import numerics
-from torq.compiler import compile, torq_hl
+from torq import compile
+from torq.compiler import torq_hl
 from torq.compiler.lowering import func_ops
 from torq.runtime import kernels, reference
 
@@ -108,7 +109,7 @@ def test_zero_point_special_cases(case):
     assert (w_zp == 0) == (case != "w_zp!=0")
     assert a["weight_zp"] == 0                             # folded into the weights
     assert ("xi16>" in wtype) == (w_zp != 0)              # i16 only when w_zp != 0 (seed §4.3.1)
-    r = __import__("torq.compiler.verify", fromlist=["verify"]).verify(c)
+    r = __import__("torq.verify", fromlist=["verify"]).verify(c)
     assert r.ok, r
 
 
@@ -139,5 +140,5 @@ def test_dynamic_weight_conv(lo, hi):
     w_zp = int(re.search(r"conv_2d_nchw_fchw_q.*?%c(-?\d+)_i32, %c(-?\d+)_i32", c.ir("linalg")).group(2))
     assert ("xi16>" in text) == (w_zp != 0)
     for seed in (0, 1):
-        r = __import__("torq.compiler.verify", fromlist=["verify"]).verify(c, seed=seed)
+        r = __import__("torq.verify", fromlist=["verify"]).verify(c, seed=seed)
         assert r.ok and all(o.exact for o in r.outputs), r

@@ -20,6 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 from onnx import helper, numpy_helper
 
+from qmodels import npu_dequantize_bf16, npu_quantize_bf16
 from torq import numerics as nx
 from torq.runtime import kernels
 
@@ -194,19 +195,19 @@ def test_conv2d_acc_chunked_float32_path():
 
 
 class _kernel_knobs:
-    """Temporarily set kernels' tuning constants (column mode, block budget)."""
+    """Temporarily set the convolution kernels' tuning constants (column mode, block budget)."""
 
     def __init__(self, **kw):
         self.kw = kw
 
     def __enter__(self):
-        self.old = {k: getattr(kernels, k) for k in self.kw}
+        self.old = {k: getattr(kernels.conv, k) for k in self.kw}
         for k, v in self.kw.items():
-            setattr(kernels, k, v)
+            setattr(kernels.conv, k, v)
 
     def __exit__(self, *exc):
         for k, v in self.old.items():
-            setattr(kernels, k, v)
+            setattr(kernels.conv, k, v)
 
 
 def _weights(rng, kind, shape):
@@ -815,20 +816,6 @@ def qdq_params(rng, xt, per_axis):
         return C, np.array([pick_scale(rng, -3, 0, False) for _ in range(C)], F32), \
             rng.integers(qmin, qmax + 1, size=C).astype(xt)
     return C, pick_scale(rng, -3, 0, False), xt(rng.integers(qmin, qmax + 1))
-
-
-def npu_quantize_bf16(x, s, z, qmin, qmax):
-    """The NSS's Quantize fallback, its steps with the very numerics calls it makes: act f2f,
-    mul (bf16_affine), act f2i, fma clamp."""
-    factor, bias = nx.bf16_fallback_constants(s, z, True)
-    q = nx.float_to_int(nx.bf16_affine(nx.to_bf16(x), factor, bias))
-    return np.clip(q, qmin, qmax)
-
-
-def npu_dequantize_bf16(q, s, z):
-    """The NSS's Dequantize fallback: fma (q - zp), act i2f (exact), mul (bf16_affine), act f2f."""
-    factor, bias = nx.bf16_fallback_constants(s, z, False)
-    return nx.bf16_affine((np.asarray(q).astype(np.int64) - int(z)).astype(np.float32), factor, bias)
 
 
 @settings(max_examples=100, **SETTINGS)

@@ -6,7 +6,7 @@ import onnx
 import pytest
 from onnx import helper
 
-from quant_models import (all_intermediates, conv_relu_pool_model, model, rand_input,
+from qmodels import (all_intermediates, conv_relu_pool_model, model, rand_input,
                           reshape_subgraph_model, run, vi, weight)
 from torq.errors import TorqError
 from torq.examples import build_cnn20, build_example_cnn

@@ -10,8 +10,8 @@ import onnxruntime as ort
 import pytest
 from onnx import helper
 
-from torq.compiler import compile
-from torq.compiler.verify import verify
+from torq import compile
+from torq.verify import verify
 from torq.quantize import quantize
 
 LIGHT = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from quant_models import rand_input, run
+from qmodels import rand_input, run
 from torq.examples import build_cnn20, build_example_cnn
 
 

@@ -21,7 +21,7 @@ import pytest
 
 import torq
 from torq import zoo
-from torq.compiler.verify import verify
+from torq.verify import verify
 from torq.runtime import reference
 
 pytestmark = pytest.mark.slow

@@ -8,7 +8,7 @@ import onnx
 import pytest
 from onnx import helper
 
-from quant_models import model, run, vi
+from qmodels import model, run, vi
 from torq.examples import build_example_cnn
 
 

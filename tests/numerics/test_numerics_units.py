@@ -274,7 +274,7 @@ def test_bf16_specials_and_ties():
 
 
 def test_quantize_bf16_native():
-    from test_kernels_vs_ort import npu_dequantize_bf16, npu_quantize_bf16
+    from qmodels import npu_dequantize_bf16, npu_quantize_bf16
     x = np.array([0.0, 1.0, -1.0, 1.234, 100.0, -1e6], F32)
     q = npu_quantize_bf16(x, F32(0.02), 5, -128, 127)
     assert q.dtype == np.int64

@@ -1,27 +1,32 @@
-"""torq-compile: quantized ONNX -> torch-mlir -> linalg -> torq_hl, and proof against ONNX Runtime."""
+"""torq-compile: quantized ONNX -> torch-mlir -> linalg -> torq_hl -> Program, and proof against ONNX Runtime."""
 from __future__ import annotations
 
 import argparse
 import sys
 from pathlib import Path
 
-from ..cli_util import OneLineParser, run_main
-from ..errors import TorqError
+from .cli_util import OneLineParser, run_main
+from .compiler import STAGES
+from .errors import TorqError
 
-EMIT_STAGES = ("torch_onnx", "torch", "linalg", "torq_hl")
+EMIT_STAGES = (*STAGES, "program")
 
 EPILOG = """examples:
   torq-compile model.int8.onnx                       # print the torq_hl IR
   torq-compile model.int8.onnx --emit linalg -o m.linalg.mlir
+  torq-compile model.int8.onnx --emit program -o m.torq  # the Program the NSS runs (.npz + JSON manifest)
   torq-compile model.int8.onnx --debug-ir ir/        # every stage as ir/<model>.<stage>.mlir
   torq-compile model.int8.onnx --verify-against-ort  # NSS vs ONNX Runtime, both rounding modes
 
 --verify-against-ort feeds random inputs (--seed) to the NSS simulator and to ONNX Runtime
 (default graph optimisation + session.qdqisint8allowed=1, i.e. ORT's integer kernels) and prints,
-per output, max |delta| in LSB and the number of differing elements; then, per rescaling op, how
-the native NPU rounding differs from ORT's on identical inputs and why (tie: exact .5, NTP rounds
-up where ORT rounds to even; near-tie: multiplier quantisation / float32 rounding; other: a bug).
-Exit 0 only if `ort` rounding is bit-exact and every native difference is <= 1 LSB and explained."""
+per output, max |delta| in LSB and the number of differing elements; then, per rescaling op and
+per rounding mode run, whether the output the simulator executed equals the plain formula of
+that mode, and how the native NPU rounding differs from ORT's on the same inputs and why (tie:
+exact .5, NTP rounds up where ORT rounds to even; near-tie: multiplier quantisation / float32
+rounding; other: a bug).
+Exit 0 only if `ort` rounding is bit-exact, every op executed its formula, and every native
+difference is <= 1 LSB and explained."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -31,7 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "to TORQ NPU ops (torq_hl) and optionally prove it against ONNX Runtime.")
     p.add_argument("model", help="quantized ONNX model (.onnx)")
     p.add_argument("--emit", default="torq_hl", metavar="STAGE",
-                   help=f"IR stage to print or write: {', '.join(EMIT_STAGES)} (default torq_hl)")
+                   help=f"IR stage to print or write: {', '.join(EMIT_STAGES)} (default torq_hl); "
+                        "`program` writes the executable Program (needs -o)")
     p.add_argument("-o", "--output", help="write the IR to this file instead of stdout")
     p.add_argument("--debug-ir", metavar="DIR", help="write every stage to DIR/<model>.<stage>.mlir")
     p.add_argument("--verify-against-ort", action="store_true",
@@ -49,25 +55,28 @@ def main(argv=None) -> int:
 
 
 def _compile(args) -> int:
-    from . import compile as compile_model
+    from .compiled import compile as compile_model
     if args.emit not in EMIT_STAGES:
         raise TorqError(f"--emit: unknown stage {args.emit!r}; choose one of {', '.join(EMIT_STAGES)}")
+    if args.emit == "program" and not args.output:
+        raise TorqError("--emit program writes a binary file: give it with -o/--output (e.g. -o model.torq)")
     model_path = Path(args.model)
     compiled = compile_model(model_path, debug_ir=args.debug_ir)
-    if not any(n in compiled.report.lowered for n in ("conv2d", "depthwise_conv2d", "fully_connected", "add",
-                                                       "avg_pool2d", "maxpool2d", "table", "act")):
+    if not compiled.report.lowered:
         raise TorqError(f"{model_path}: nothing was lowered to torq_hl; is the model quantized? "
                         f"(run `torq-gen-config quantize --model {model_path}` first)")
     if not args.verify_against_ort:   # (verification refuses them with the first one named)
         for u in compiled.report.unsupported:
             print(f"torq-compile: warning: {u}", file=sys.stderr)
-    text = compiled.ir(args.emit)
-    if args.output:
-        from ..fileio import atomic_write_text
-        atomic_write_text(args.output, text)
+    if args.emit == "program":
+        compiled.program.save(args.output)
+        print(f"wrote the program ({len(compiled.program.steps)} ops) to {args.output}", file=sys.stderr)
+    elif args.output:
+        from .fileio import atomic_write_text
+        atomic_write_text(args.output, compiled.ir(args.emit))
         print(f"wrote {args.emit} IR to {args.output}", file=sys.stderr)
     elif not args.verify_against_ort:
-        sys.stdout.write(text)
+        sys.stdout.write(compiled.ir(args.emit))
     if args.debug_ir:
         print(f"wrote {len(compiled.stages)} IR stages to {args.debug_ir}/", file=sys.stderr)
     if args.verify_against_ort:

@@ -7,7 +7,7 @@ import pytest
 from onnx import helper, numpy_helper
 from onnxruntime.quantization import CalibrationDataReader
 
-from quant_models import (conv_reducemean_model, conv_relu_pool_model, model, rand_input, run, vi,
+from qmodels import (conv_reducemean_model, conv_relu_pool_model, model, rand_input, run, vi,
                           weight, zero_branch_model)
 from torq.errors import TorqError
 from torq.examples import build_example_cnn

@@ -13,7 +13,7 @@ from qmodels import conv_model, model, quantize
 
 
 def run(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "torq.compiler.cli", *map(str, args)],
+    return subprocess.run([sys.executable, "-m", "torq.compile_cli", *map(str, args)],
                           capture_output=True, text=True, cwd=cwd)
 
 
@@ -60,15 +60,14 @@ def test_verify_against_ort_passes(qconv):
 
 
 def test_locations_are_torch_operator_line_col(qconv):
-    from torq.compiler import compile
-    from torq.compiler.linalg_view import location_key
-    from torq.compiler.lowering import func_ops
+    from torq import compile
     c = compile(qconv)
     conv_loc = [loc for op, loc in c.operator_locations if op == "Conv"]
     line, col = map(int, conv_loc[0].split(":"))
     assert c.ir("torch_onnx").splitlines()[line - 1][col - 1:].startswith("torch.operator \"onnx.Conv\"")
-    hl = [op for op in func_ops(c._module) if op.name == "torq_hl.conv2d"]
-    assert [location_key(op) for op in hl] == conv_loc   # the NPU op names its ONNX node
+    hl = [st for st in c.program.steps if st.op == "torq_hl.conv2d"]
+    assert [st.location for st in hl] == conv_loc   # the NPU op names its ONNX node
+    assert [st.onnx_op for st in hl] == ["Conv"]
 
 
 def test_bad_stage(qconv):

@@ -6,7 +6,7 @@ import onnx
 import pytest
 from onnx import helper, numpy_helper
 
-from quant_models import model, vi, weight
+from qmodels import model, vi, weight
 from torq.errors import TorqError
 from torq.examples import build_example_cnn
 from torq.graph import is_quantized, load_model

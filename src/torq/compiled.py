@@ -1,0 +1,37 @@
+"""What `torq.compile` returns: the compiler's result, runnable on the NSS simulator.
+
+The compiler stops at a `Program` (it never imports the runtime); this subclass, above both,
+adds `run`. One `Simulator` is kept per compiled model, so weight plans and lookup tables are
+built once and reused across runs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import numpy as np
+
+from .compiler.pipeline import CompiledModel
+from .compiler.pipeline import compile as _compile_ir
+
+
+@dataclass
+class Compiled(CompiledModel):
+    _simulator: object = None
+
+    @property
+    def simulator(self):
+        """The NSS simulator bound to this model's program (built on first use)."""
+        if self._simulator is None:
+            from .runtime.nss import Simulator
+            self._simulator = Simulator(self.program)
+        return self._simulator
+
+    def run(self, inputs: dict[str, np.ndarray], rounding: str = "native") -> dict[str, np.ndarray]:
+        """Outputs of the NSS simulator for `inputs` (name -> array, the ONNX model's dtypes)."""
+        return self.program.fetch(self.simulator.run(self.program.feed(inputs), rounding))
+
+
+def compile(model, debug_ir=None, name: str | None = None) -> Compiled:  # noqa: A001
+    """`torq.compiler.compile` (quantized ONNX -> torq_hl -> Program), runnable with `.run`."""
+    c = _compile_ir(model, debug_ir=debug_ir, name=name)
+    return Compiled(**{f.name: getattr(c, f.name) for f in fields(c)})

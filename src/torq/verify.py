@@ -1,0 +1,85 @@
+"""Prove a compiled model against ONNX Runtime: compile -> Program -> NSS vs ORT.
+
+Per output |Δ| in LSB, and per rescaling op how the native NPU rounding differs from ORT's on
+the very same inputs, and why (tie / near-tie / other).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .runtime import compare, reference
+from .runtime.nss import Simulator
+
+
+@dataclass
+class VerifyResult:
+    outputs: list = field(default_factory=list)     # [compare.OutputDiff]
+    op_diffs: list = field(default_factory=list)    # [nss.OpDiff] per-op checks of every run (each mode)
+    lowered: dict = field(default_factory=dict)
+    modes: tuple = ()
+    ort_kernels: dict = field(default_factory=dict)   # what ORT ran (its optimized graph)
+
+    @property
+    def ok(self) -> bool:
+        """ort outputs bit-exact, and every rescaling op of every run executed its mode's formula
+        exactly and differs from ORT's rounding by at most 1 LSB, for an explained reason."""
+        ort_exact = all(o.exact for o in self.outputs if o.mode == "ort")
+        return ort_exact and all(od.explained for od in self.op_diffs)
+
+
+def verify(compiled, seed: int = 0, modes=("native", "ort"), inputs=None) -> VerifyResult:
+    """Run NSS (each rounding mode) and ORT on the same random inputs and compare, whole model
+    and op by op (the per-op checks judge the outputs the simulator executed)."""
+    inputs = inputs if inputs is not None else reference.random_inputs(compiled.model, seed)
+    ref = reference.run(compiled.model, inputs)
+    res = VerifyResult(lowered=dict(compiled.report.lowered), modes=tuple(modes),
+                       ort_kernels=reference.kernels(compiled.model))
+    program = compiled.program
+    sim = getattr(compiled, "simulator", None) or Simulator(program)
+    feed = program.feed(inputs)
+    for mode in modes:
+        outs, diffs = sim.run(feed, mode, explain=True)
+        res.op_diffs += diffs
+        for name, o in program.fetch(outs).items():
+            res.outputs.append(compare.output_diff(name, mode, o, ref[name]))
+    return res
+
+
+def print_report(res: VerifyResult, console=None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+    console = console or Console()
+    console.print("lowered to torq_hl: " + ", ".join(f"{k}×{v}" for k, v in sorted(res.lowered.items())))
+    ran = {k: v for k, v in res.ort_kernels.items() if k not in ("Transpose", "Reshape", "Flatten")}
+    console.print("ONNX Runtime ran: " + ", ".join(f"{k}×{v}" for k, v in sorted(ran.items())))
+    unfused = [k for k in reference.FLOAT_COMPUTE if k in res.ort_kernels]
+    if unfused:
+        console.print(f"[yellow]note[/]: ORT ran {', '.join(unfused)} in float (not fused into its integer "
+                      "kernels): its output is not integer-exact, ±1 LSB near ties is expected there")
+    t = Table(title="NSS simulator vs ONNX Runtime (whole model, random inputs)")
+    for col in ("output", "rounding", "max |Δ|", "differing", "verdict"):
+        t.add_column(col)
+    for o in res.outputs:
+        verdict = "bit-exact" if o.exact else ("±1 LSB" if o.unit == "LSB" and o.max_lsb <= 1 else "differs")
+        t.add_row(o.name, o.mode, f"{o.max_lsb:g} {o.unit}", f"{o.differ}/{o.size}", verdict)
+    console.print(t)
+    for mode in res.modes:
+        _print_op_checks(console, mode, [od for od in res.op_diffs if od.mode == mode])
+    console.print("[bold green]PASS[/]" if res.ok else "[bold red]FAIL[/]: ort rounding must be bit-exact, every "
+                  "op must execute its formula exactly, and native differences must be ≤1 LSB and explained")
+
+
+def _print_op_checks(console, mode: str, ods: list) -> None:
+    if not ods:
+        return
+    causes = compare.sum_causes(ods)
+    differing = [od for od in ods if od.differ or od.mismatches]
+    wrong = sum(1 for od in ods if od.mismatches)
+    console.print(f"{mode} run, op by op: {len(ods)} rescaling ops checked, {wrong} executed something other "
+                  f"than their formula; native vs ort rounding on this run's inputs: "
+                  f"{sum(1 for od in ods if od.differ)} ops differ; causes: tie (NTP vs RNE) {causes['tie']}, "
+                  f"near-tie (multiplier quantisation) {causes['near-tie']}, other {causes['other']}")
+    for od in differing:
+        extra = f", [red]{od.mismatches} outputs differ from the {mode} formula[/]" if od.mismatches else ""
+        console.print(f"  {od.op} at {od.location}: {od.differ}/{od.size} differ, max {od.max_lsb} LSB"
+                      + "".join(f", {k} {v}" for k, v in od.causes.items() if v) + extra)
