@@ -187,3 +187,17 @@ def test_activation_scale_exactly_one(fmt):
 def onnx_numpy(t):
     from onnx import numpy_helper
     return numpy_helper.to_array(t)
+
+
+@SETTINGS
+@given(st.data(), st.sampled_from(["qdq", "qoperator"]), st.booleans())
+def test_rank3_matmul_by_weight(data, fmt, per_channel):
+    """MatMul of a [B, M, K] activation by a [K, N] weight (ConvNeXt / ViT linear layers): torch-mlir
+    left QLinearMatMul's aten.bmm illegal; now collapse -> fully_connected -> expand."""
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**16)))
+    b, rows, k, n = (data.draw(st.integers(1, 3)), data.draw(st.integers(1, 6)), data.draw(st.integers(1, 8)),
+                     data.draw(st.integers(1, 8)))
+    m = model([helper.make_node("MatMul", ["x", "w"], ["y"])], [("x", [b, rows, k])], ["y"],
+              {"w": rng.normal(0, 1 / np.sqrt(k), (k, n))})
+    q = quantize(m, {"x": [b, rows, k]}, fmt, per_channel, seed=int(rng.integers(1000)))
+    check_compiled(torq_compile(q), "fully_connected")

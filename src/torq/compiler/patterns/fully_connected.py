@@ -2,6 +2,8 @@
 
     Q ∘ [+DQ(bias)] ∘ DQ ∘ quantized_matmul(x, T(w))          -> torq_hl.fully_connected  (per-tensor)
     Q ∘ [+DQ(bias)] ∘ matmul(DQ(x), T(DQ(w)))                 -> torq_hl.fully_connected  (per-channel)
+    the same with batch_matmul over a [B, M, K] activation and a broadcast [K, N] weight (MatMul of a
+    rank-3 activation by a weight)                            -> collapse, fully_connected, expand
 
 Same algebra as the lecture's FC layer (seed 002): q_bias = q_b - Z_X·Σ_k q_W[o, k].
 """
@@ -13,7 +15,8 @@ import numpy as np
 
 from ... import numerics
 from .. import linalg_view as L
-from .common import Ctx, Fail, Root, constant, emit, folded_bias, scalar
+from .. import torq_hl
+from .common import Ctx, Fail, Root, constant, emit, empty, folded_bias, scalar
 
 
 @dataclass
@@ -42,6 +45,15 @@ def _bias_add(ctx: Ctx, value):
     return g.inputs[g.var_inputs[0]], bq[0].astype(np.int64).ravel(), bq[1]
 
 
+def _unbroadcast(w):
+    """A [B, K, N] batch-matmul weight that is the same [K, N] matrix for every batch -> [K, N]."""
+    if w is None or w.ndim == 2:
+        return w
+    if w.ndim == 3 and np.all(w == w[:1]):
+        return w[0]
+    return None
+
+
 def _untransposed(wv):
     """The [K, O] weight operand is usually a transpose of the [O, K] constant: (source, transposed?)."""
     op = L.producer(wv)
@@ -62,19 +74,19 @@ class QFullyConnected:
             if d is None or np.any(np.asarray(d.zp) != 0):
                 return None
             mm = L.producer(g.inputs[d.source_index])
-            if mm is None or mm.name != "linalg.quantized_matmul":
+            if mm is None or mm.name not in ("linalg.quantized_matmul", "linalg.quantized_batch_matmul"):
                 return None
             x, wv, in_zp_v, w_zp_v, _ = mm.operands
             in_zp, w_zp = ctx.const(in_zp_v), ctx.const(w_zp_v)
             src, transposed = _untransposed(wv)
-            w = ctx.const(src)
+            w = _unbroadcast(ctx.const(src))
             if w is None or in_zp is None or w_zp is None:
                 return ctx.fail(mm, "weights or zero points are not compile-time constants")
             w = w if transposed else w.T
             O = w.shape[0]
             dq_scale = np.full(O, np.float32(scalar(d.scale, "matmul output scale")), np.float32)
             w_zp, in_zp = int(w_zp), int(in_zp)
-        elif mm is not None and mm.name == "linalg.matmul":
+        elif mm is not None and mm.name in ("linalg.matmul", "linalg.batch_matmul"):
             xv, wv, _ = mm.operands
             dq = ctx.dequant(xv)
             if dq is None:
@@ -85,6 +97,9 @@ class QFullyConnected:
             if wq is None:
                 return ctx.fail(mm, "weights are not dequantized constants")
             w, ws, w_zp = wq
+            if w.ndim == 3 and w.shape[0] == 1:    # the [K, N] weight expanded to [1, K, N]
+                w, ws, w_zp = w[0], np.asarray(ws).reshape(np.shape(ws)[1:]) if np.ndim(ws) == 3 else ws, \
+                    np.asarray(w_zp).reshape(np.shape(w_zp)[1:]) if np.ndim(w_zp) == 3 else w_zp
             axis = 0 if transposed else 1
             O = w.shape[axis]
             ws = L.channel_vector(ws, axis, O, np.float32)
@@ -97,8 +112,10 @@ class QFullyConnected:
             dq_scale = numerics.dq_scale(scalar(xs, "input scale"), ws)
         else:
             return None
-        if len(L.shape_of(x)) != 2:
-            return ctx.fail(mm, "only 2-D matmuls are lowered to fully_connected")
+        if w is None or w.ndim != 2:
+            return ctx.fail(mm, "the weight differs between batches (a matmul of two activations)")
+        if len(L.shape_of(x)) not in (2, 3):
+            return ctx.fail(mm, "only 2-D and 3-D matmuls are lowered to fully_connected")
         if bias is None:
             bias = np.zeros(O, np.int64)
         elif bias.size != O:
@@ -122,7 +139,29 @@ class QFullyConnected:
         attrs = dict(input_zp=m.in_zp, weight_zp=0, output_zp=int(root.q.zp), output_min=root.q.lo,
                      output_max=root.q.hi, shift_factor=shift,
                      ort_dq_scale=m.dq_scale, ort_output_scale=[ys])
-        return emit("fully_connected", root, [weights, sb, m.x], attrs, m.mm)
+        if len(L.shape_of(m.x)) == 2:
+            return emit("fully_connected", root, [weights, sb, m.x], attrs, m.mm)
+        return _batched(root, weights, sb, m, attrs, ip)
+
+
+def _batched(root: Root, weights, sb, m: FCMatch, attrs, ip):
+    """[B, M, K] -> collapse [B·M, K] -> fully_connected -> expand [B, M, N] (data movement)."""
+    from torch_mlir import ir
+    b, rows, k = L.shape_of(m.x)
+    out_t = ir.RankedTensorType(root.op.results[0].type)
+    n = out_t.shape[-1]
+    flat_in = ir.RankedTensorType.get([b * rows, k], ir.RankedTensorType(m.x.type).element_type)
+    flat_out = ir.RankedTensorType.get([b * rows, n], out_t.element_type)
+    reassoc = ir.ArrayAttr.get([ir.ArrayAttr.get([ir.IntegerAttr.get(ir.IntegerType.get_signless(64), i)
+                                                 for i in dims]) for dims in ([0, 1], [2])])
+    x2 = ir.Operation.create("tensor.collapse_shape", results=[flat_in], operands=[m.x],
+                             attributes={"reassociation": reassoc}, loc=m.mm.location, ip=ip).results[0]
+    init = empty(flat_out, m.mm.location, ip)
+    fc = torq_hl.create("fully_connected", flat_out, [init, weights, sb, x2], attrs, m.mm.location, ip)
+    return ir.Operation.create("tensor.expand_shape", results=[out_t], operands=[fc.results[0]],
+                               attributes={"reassociation": reassoc,
+                                           "static_output_shape": ir.DenseI64ArrayAttr.get([b, rows, n])},
+                               loc=m.mm.location, ip=ip)
 
 
 RULES = [QFullyConnected()]
