@@ -3,7 +3,7 @@
     Q ∘ [+DQ(bias)] ∘ DQ ∘ quantized_matmul(x, T(w))          -> torq_hl.fully_connected  (per-tensor)
     Q ∘ [+DQ(bias)] ∘ matmul(DQ(x), T(DQ(w)))                 -> torq_hl.fully_connected  (per-channel)
     the same with batch_matmul over a [B, M, K] activation and a broadcast [K, N] weight (MatMul of a
-    rank-3 activation by a weight)                            -> collapse, fully_connected, expand
+    rank-3/4 activation by a weight)                          -> collapse, fully_connected, expand
 
 Same algebra as the lecture's FC layer (seed 002): q_bias = q_b - Z_X·Σ_k q_W[o, k].
 """
@@ -54,6 +54,16 @@ def _unbroadcast(w):
     return None
 
 
+def _unexpanded(op):
+    """torch-mlir runs a rank-4 activation's MatMul as a batch matmul over the collapsed leading
+    dims and expands the result back: look through that expand_shape."""
+    if op is not None and op.name == "tensor.expand_shape":
+        inner = L.producer(op.operands[0])
+        if inner is not None and inner.name in ("linalg.batch_matmul", "linalg.quantized_batch_matmul"):
+            return inner
+    return op
+
+
 def _untransposed(wv):
     """The [K, O] weight operand is usually a transpose of the [O, K] constant: (source, transposed?)."""
     op = L.producer(wv)
@@ -68,12 +78,12 @@ class QFullyConnected:
     def match(self, ctx: Ctx, root: Root):
         v, bias, bscale = _bias_add(ctx, root.value)
         g = ctx.generic(L.producer(v))
-        mm = L.producer(v)
+        mm = _unexpanded(L.producer(v))
         if g is not None:
             d = L.as_dequant(g)
             if d is None or np.any(np.asarray(d.zp) != 0):
                 return None
-            mm = L.producer(g.inputs[d.source_index])
+            mm = _unexpanded(L.producer(g.inputs[d.source_index]))
             if mm is None or mm.name not in ("linalg.quantized_matmul", "linalg.quantized_batch_matmul"):
                 return None
             x, wv, in_zp_v, w_zp_v, _ = mm.operands
@@ -88,6 +98,8 @@ class QFullyConnected:
             w_zp, in_zp = int(w_zp), int(in_zp)
         elif mm is not None and mm.name in ("linalg.matmul", "linalg.batch_matmul"):
             xv, wv, _ = mm.operands
+            if mm.name == "linalg.batch_matmul" and L.op_name(L.producer(xv)) == "tensor.collapse_shape":
+                xv = L.producer(xv).operands[0]      # rank-4 activation: its leading dims collapsed
             dq = ctx.dequant(xv)
             if dq is None:
                 return ctx.fail(mm, "input is not dequantized from an integer tensor")
@@ -114,8 +126,8 @@ class QFullyConnected:
             return None
         if w is None or w.ndim != 2:
             return ctx.fail(mm, "the weight differs between batches (a matmul of two activations)")
-        if len(L.shape_of(x)) not in (2, 3):
-            return ctx.fail(mm, "only 2-D and 3-D matmuls are lowered to fully_connected")
+        if len(L.shape_of(x)) not in (2, 3, 4):
+            return ctx.fail(mm, "only 2-D to 4-D matmuls are lowered to fully_connected")
         if bias is None:
             bias = np.zeros(O, np.int64)
         elif bias.size != O:
@@ -145,23 +157,31 @@ class QFullyConnected:
 
 
 def _batched(root: Root, weights, sb, m: FCMatch, attrs, ip):
-    """[B, M, K] -> collapse [B·M, K] -> fully_connected -> expand [B, M, N] (data movement)."""
+    """[..., K] -> collapse [rows, K] -> fully_connected -> expand to the output's [..., N]."""
     from torch_mlir import ir
-    b, rows, k = L.shape_of(m.x)
+    x_shape = L.shape_of(m.x)
+    rows = int(np.prod(x_shape[:-1]))
     out_t = ir.RankedTensorType(root.op.results[0].type)
-    n = out_t.shape[-1]
-    flat_in = ir.RankedTensorType.get([b * rows, k], ir.RankedTensorType(m.x.type).element_type)
-    flat_out = ir.RankedTensorType.get([b * rows, n], out_t.element_type)
-    reassoc = ir.ArrayAttr.get([ir.ArrayAttr.get([ir.IntegerAttr.get(ir.IntegerType.get_signless(64), i)
-                                                 for i in dims]) for dims in ([0, 1], [2])])
+    out_shape = list(out_t.shape)
+    flat_in = ir.RankedTensorType.get([rows, x_shape[-1]], ir.RankedTensorType(m.x.type).element_type)
+    flat_out = ir.RankedTensorType.get([rows, out_shape[-1]], out_t.element_type)
     x2 = ir.Operation.create("tensor.collapse_shape", results=[flat_in], operands=[m.x],
-                             attributes={"reassociation": reassoc}, loc=m.mm.location, ip=ip).results[0]
+                             attributes={"reassociation": _reassociation(len(x_shape))},
+                             loc=m.mm.location, ip=ip).results[0]
     init = empty(flat_out, m.mm.location, ip)
     fc = torq_hl.create("fully_connected", flat_out, [init, weights, sb, x2], attrs, m.mm.location, ip)
     return ir.Operation.create("tensor.expand_shape", results=[out_t], operands=[fc.results[0]],
-                               attributes={"reassociation": reassoc,
-                                           "static_output_shape": ir.DenseI64ArrayAttr.get([b, rows, n])},
+                               attributes={"reassociation": _reassociation(len(out_shape)),
+                                           "static_output_shape": ir.DenseI64ArrayAttr.get(out_shape)},
                                loc=m.mm.location, ip=ip)
+
+
+def _reassociation(rank: int):
+    """[[0, …, rank-2], [rank-1]]: all leading dims <-> the rows of a 2-D matrix."""
+    from torch_mlir import ir
+    i64 = ir.IntegerType.get_signless(64)
+    return ir.ArrayAttr.get([ir.ArrayAttr.get([ir.IntegerAttr.get(i64, i) for i in dims])
+                             for dims in (list(range(rank - 1)), [rank - 1])])
 
 
 RULES = [QFullyConnected()]
