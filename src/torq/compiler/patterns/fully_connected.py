@@ -109,9 +109,6 @@ class QFullyConnected:
             if wq is None:
                 return ctx.fail(mm, "weights are not dequantized constants")
             w, ws, w_zp = wq
-            if w.ndim == 3 and w.shape[0] == 1:    # the [K, N] weight expanded to [1, K, N]
-                w, ws, w_zp = w[0], np.asarray(ws).reshape(np.shape(ws)[1:]) if np.ndim(ws) == 3 else ws, \
-                    np.asarray(w_zp).reshape(np.shape(w_zp)[1:]) if np.ndim(w_zp) == 3 else w_zp
             axis = 0 if transposed else 1
             O = w.shape[axis]
             ws = L.channel_vector(ws, axis, O, np.float32)
