@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test install clean bench-models bench-accuracy fuzz
+.PHONY: demo test install clean bench-models bench-accuracy zoo fuzz
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -29,6 +29,10 @@ bench-models: $(STAMP)
 
 bench-accuracy: bench-models
 	$(BIN)/python benchmarks/accuracy.py --json build/accuracy.json
+
+zoo: $(STAMP)
+	$(BIN)/python -m pip install -q -e '.[zoo]'
+	$(BIN)/python benchmarks/zoo.py --json build/zoo.json
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache

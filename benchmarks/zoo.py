@@ -80,11 +80,11 @@ def export(name: str, folder: Path = BUILD) -> Path:
 
 def run_one(name: str, flags: str, folder: Path = BUILD) -> dict:
     """Quantize + compile + verify one model with one flag set; a dict row (never raises)."""
+    import torq
+    from torq.verify import verify
+    from torq.errors import TorqError
     row = {"model": name, "flags": flags}
     try:
-        import torq
-        from torq.verify import verify
-        from torq.errors import TorqError
         fp32 = export(name, folder)
         qpath = folder / f"{name}.{flags}.onnx"
         t0 = time.perf_counter()
@@ -131,6 +131,7 @@ def print_table(rows: list[dict]) -> None:
     from rich.table import Table
     t = Table(title="torchvision zoo on the NSS (224×224, batch 1, opset 17)")
     for col in ("model", "flags", "outcome", "lowered", "max |Δ| native", "max |Δ| ort", "compile s", "detail"):
+        # |Δ|: LSB for int8 outputs (qdq flag sets, --full-integer); absolute for float ones (qop)
         t.add_column(col)
     for r in rows:
         lsb = r.get("max_lsb", {})

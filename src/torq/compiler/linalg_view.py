@@ -446,6 +446,8 @@ def as_dequant(g: Generic) -> DQ | None:
     if len(g.var_inputs) != 1 or not g.parallel:
         return None
     t = g.tree_or_none()
+    if isinstance(t, Node) and t.op in ("arith.sitofp", "arith.uitofp"):
+        t = Node("arith.mulf", (t, np.float32(1)))     # scale 1.0: MLIR folded the multiplication away
     if not (isinstance(t, Node) and t.op == "arith.mulf"):
         return None
     a, b = t.args
@@ -492,6 +494,8 @@ def as_quant(g: Generic) -> Q | None:
     if not (isinstance(x, Node) and x.op == "math.roundeven"):
         return None
     x = x.args[0]
+    if isinstance(x, Arg):
+        x = Node("arith.divf", (x, np.float32(1)))      # scale 1.0: MLIR folded the division away
     if not (isinstance(x, Node) and x.op == "arith.divf" and not _is_var(x.args[1]) and isinstance(x.args[0], Arg)):
         return None
     lo = max((v for o, v in bounds if o == "arith.maximumf"), default=-np.inf)

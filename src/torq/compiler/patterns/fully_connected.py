@@ -2,6 +2,8 @@
 
     Q ∘ [+DQ(bias)] ∘ DQ ∘ quantized_matmul(x, T(w))          -> torq_hl.fully_connected  (per-tensor)
     Q ∘ [+DQ(bias)] ∘ matmul(DQ(x), T(DQ(w)))                 -> torq_hl.fully_connected  (per-channel)
+    the same with batch_matmul over a [B, M, K] activation and a broadcast [K, N] weight (MatMul of a
+    rank-3/4 activation by a weight)                          -> collapse, fully_connected, expand
 
 Same algebra as the lecture's FC layer (seed 002): q_bias = q_b - Z_X·Σ_k q_W[o, k].
 """
@@ -13,7 +15,8 @@ import numpy as np
 
 from ... import numerics
 from .. import linalg_view as L
-from .common import Ctx, Fail, Root, constant, emit, folded_bias, scalar
+from .. import torq_hl
+from .common import Ctx, Fail, Root, constant, emit, empty, folded_bias, scalar
 
 
 @dataclass
@@ -42,6 +45,25 @@ def _bias_add(ctx: Ctx, value):
     return g.inputs[g.var_inputs[0]], bq[0].astype(np.int64).ravel(), bq[1]
 
 
+def _unbroadcast(w):
+    """A [B, K, N] batch-matmul weight that is the same [K, N] matrix for every batch -> [K, N]."""
+    if w is None or w.ndim == 2:
+        return w
+    if w.ndim == 3 and np.all(w == w[:1]):
+        return w[0]
+    return None
+
+
+def _unexpanded(op):
+    """torch-mlir runs a rank-4 activation's MatMul as a batch matmul over the collapsed leading
+    dims and expands the result back: look through that expand_shape."""
+    if op is not None and op.name == "tensor.expand_shape":
+        inner = L.producer(op.operands[0])
+        if inner is not None and inner.name in ("linalg.batch_matmul", "linalg.quantized_batch_matmul"):
+            return inner
+    return op
+
+
 def _untransposed(wv):
     """The [K, O] weight operand is usually a transpose of the [O, K] constant: (source, transposed?)."""
     op = L.producer(wv)
@@ -56,26 +78,28 @@ class QFullyConnected:
     def match(self, ctx: Ctx, root: Root):
         v, bias, bscale = _bias_add(ctx, root.value)
         g = ctx.generic(L.producer(v))
-        mm = L.producer(v)
+        mm = _unexpanded(L.producer(v))
         if g is not None:
             d = L.as_dequant(g)
             if d is None or np.any(np.asarray(d.zp) != 0):
                 return None
-            mm = L.producer(g.inputs[d.source_index])
-            if mm is None or mm.name != "linalg.quantized_matmul":
+            mm = _unexpanded(L.producer(g.inputs[d.source_index]))
+            if mm is None or mm.name not in ("linalg.quantized_matmul", "linalg.quantized_batch_matmul"):
                 return None
             x, wv, in_zp_v, w_zp_v, _ = mm.operands
             in_zp, w_zp = ctx.const(in_zp_v), ctx.const(w_zp_v)
             src, transposed = _untransposed(wv)
-            w = ctx.const(src)
+            w = _unbroadcast(ctx.const(src))
             if w is None or in_zp is None or w_zp is None:
                 return ctx.fail(mm, "weights or zero points are not compile-time constants")
             w = w if transposed else w.T
             O = w.shape[0]
             dq_scale = np.full(O, np.float32(scalar(d.scale, "matmul output scale")), np.float32)
             w_zp, in_zp = int(w_zp), int(in_zp)
-        elif mm is not None and mm.name == "linalg.matmul":
+        elif mm is not None and mm.name in ("linalg.matmul", "linalg.batch_matmul"):
             xv, wv, _ = mm.operands
+            if mm.name == "linalg.batch_matmul" and L.op_name(L.producer(xv)) == "tensor.collapse_shape":
+                xv = L.producer(xv).operands[0]      # rank-4 activation: its leading dims collapsed
             dq = ctx.dequant(xv)
             if dq is None:
                 return ctx.fail(mm, "input is not dequantized from an integer tensor")
@@ -97,8 +121,10 @@ class QFullyConnected:
             dq_scale = numerics.dq_scale(scalar(xs, "input scale"), ws)
         else:
             return None
-        if len(L.shape_of(x)) != 2:
-            return ctx.fail(mm, "only 2-D matmuls are lowered to fully_connected")
+        if w is None or w.ndim != 2:
+            return ctx.fail(mm, "the weight differs between batches (a matmul of two activations)")
+        if len(L.shape_of(x)) not in (2, 3, 4):
+            return ctx.fail(mm, "only 2-D to 4-D matmuls are lowered to fully_connected")
         if bias is None:
             bias = np.zeros(O, np.int64)
         elif bias.size != O:
@@ -122,7 +148,37 @@ class QFullyConnected:
         attrs = dict(input_zp=m.in_zp, weight_zp=0, output_zp=int(root.q.zp), output_min=root.q.lo,
                      output_max=root.q.hi, shift_factor=shift,
                      ort_dq_scale=m.dq_scale, ort_output_scale=[ys])
-        return emit("fully_connected", root, [weights, sb, m.x], attrs, m.mm)
+        if len(L.shape_of(m.x)) == 2:
+            return emit("fully_connected", root, [weights, sb, m.x], attrs, m.mm)
+        return _batched(root, weights, sb, m, attrs, ip)
+
+
+def _batched(root: Root, weights, sb, m: FCMatch, attrs, ip):
+    """[..., K] -> collapse [rows, K] -> fully_connected -> expand to the output's [..., N]."""
+    from torch_mlir import ir
+    x_shape = L.shape_of(m.x)
+    rows = int(np.prod(x_shape[:-1]))
+    out_t = ir.RankedTensorType(root.op.results[0].type)
+    out_shape = list(out_t.shape)
+    flat_in = ir.RankedTensorType.get([rows, x_shape[-1]], ir.RankedTensorType(m.x.type).element_type)
+    flat_out = ir.RankedTensorType.get([rows, out_shape[-1]], out_t.element_type)
+    x2 = ir.Operation.create("tensor.collapse_shape", results=[flat_in], operands=[m.x],
+                             attributes={"reassociation": _reassociation(len(x_shape))},
+                             loc=m.mm.location, ip=ip).results[0]
+    init = empty(flat_out, m.mm.location, ip)
+    fc = torq_hl.create("fully_connected", flat_out, [init, weights, sb, x2], attrs, m.mm.location, ip)
+    return ir.Operation.create("tensor.expand_shape", results=[out_t], operands=[fc.results[0]],
+                               attributes={"reassociation": _reassociation(len(out_shape)),
+                                           "static_output_shape": ir.DenseI64ArrayAttr.get(out_shape)},
+                               loc=m.mm.location, ip=ip)
+
+
+def _reassociation(rank: int):
+    """[[0, …, rank-2], [rank-1]]: all leading dims <-> the rows of a 2-D matrix."""
+    from torch_mlir import ir
+    i64 = ir.IntegerType.get_signless(64)
+    return ir.ArrayAttr.get([ir.ArrayAttr.get([ir.IntegerAttr.get(i64, i) for i in dims])
+                             for dims in (list(range(rank - 1)), [rank - 1])])
 
 
 RULES = [QFullyConnected()]
