@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test install clean bench-models bench-accuracy zoo
+.PHONY: demo test install clean bench-models bench-accuracy zoo fuzz
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -19,6 +19,9 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest
+
+fuzz: $(STAMP)   # the long mutation-fuzzing run (make test runs 40 cases)
+	TORQ_FUZZ=$${TORQ_FUZZ:-500} $(BIN)/python -m pytest -q tests/robustness/test_fuzz.py
 
 bench-models: $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[bench]'
