@@ -121,3 +121,21 @@ def test_debug_ir(example, tmp_path):
     assert cli("discover", "--model", model, "--output-dir", tmp_path, *QFLAGS, "--skip-mode",
                "--subgraph-from", "0", "--subgraph-to", "0", "--debug-ir", ir, "--recompute-cache") == 0
     assert (ir / "Conv_conv1.linalg.mlir").exists() and (ir / "Conv_conv1.torq_hl.mlir").exists()
+
+
+def test_run_caches_nss_segments_as_programs(example):
+    import os
+    from pathlib import Path
+    from torq.program import Program
+    model, d = example
+    import shutil
+    programs = Path(os.environ["TORQ_GEN_CONFIG_CACHE_DIR"]) / "programs"
+    shutil.rmtree(programs, ignore_errors=True)
+    assert cli("run", "--model", model, "--output-dir", d, *QFLAGS, "--rounding", "ort") == 0
+    saved = sorted(programs.glob("*.npz"))
+    assert saved and all(Program.load(p).steps for p in saved)
+    for p in saved:                                   # a damaged cache entry is recompiled, not fatal
+        p.write_bytes(b"not a program")
+    assert cli("run", "--model", model, "--output-dir", d, *QFLAGS, "--rounding", "ort") == 0
+    assert _report(d)["full_model_metrics"]["max_abs_lsb"] == 0
+    assert all(Program.load(p).steps for p in saved)

@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .. import __version__
 from ..errors import TorqError
 from . import layer_test, mapping, schema
 from .cache import ResultCache
@@ -52,18 +53,43 @@ class Context:
     computed: int = 0
 
 
-def model_and_layers(model_path: Path, quant: QuantSettings, subgraph=(None, None)):
+def model_and_layers(model_path: Path, quant: QuantSettings, subgraph=(None, None), lazy: bool = False):
     """(layers, report-name suffix, the model the executor map is for): the fp32 model (or the
-    sub-graph's nodes), quantized with the same flags under ``--quantize``."""
+    sub-graph's nodes), quantized with the same flags under ``--quantize``. ``lazy``: the third
+    item is a function that builds that model (discover may find its map in the cache)."""
     from ..graph import extract_segment
     from ..graph.load import load_model
     fp32 = load_model(model_path)
     layers, suffix = select_layers(fp32, subgraph)
-    base = extract_segment(fp32, [lay.node_index for lay in layers]) if suffix else fp32
-    if not quant.quantize:
-        return layers, suffix, base
-    from ..quantize import quantize
-    return layers, suffix, quantize(base, **quant.kwargs())
+
+    def build():
+        base = extract_segment(fp32, [lay.node_index for lay in layers]) if suffix else fp32
+        if not quant.quantize:
+            return base
+        from ..quantize import quantize
+        return quantize(base, **quant.kwargs())
+    return layers, suffix, (build if lazy else build())
+
+
+def layer_places(layers, build_full, key: dict, recompute: bool) -> list:
+    """``mapping.map_layers`` of the (quantized) full model, cached by fingerprint: a warm
+    discover neither re-quantizes nor re-imports the full model."""
+    import hashlib
+    import json
+    from ..fileio import atomic_write_json
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
+    path = cache_dir() / "maps" / f"{digest}.json"
+    if path.exists() and not recompute:
+        try:
+            return [tuple(p) for p in json.loads(path.read_text())]
+        except (OSError, ValueError):
+            pass
+    places = mapping.map_layers([lay.op_type for lay in layers], locations(build_full()))
+    try:
+        atomic_write_json(path, places)
+    except OSError:
+        pass
+    return places
 
 
 def select_layers(fp32, subgraph):
@@ -105,10 +131,11 @@ def locations(model) -> list:
 def run_discovery(opts: DiscoverOptions, progress=None) -> tuple[dict, Path]:
     stem = opts.model.stem
     check_output_dir(opts.output_dir)
-    layers, suffix, full = model_and_layers(opts.model, opts.quant, opts.subgraph)
+    layers, suffix, build_full = model_and_layers(opts.model, opts.quant, opts.subgraph, lazy=True)
     path = schema.report_path(opts.output_dir, stem, suffix)
     report = _start_report(path, stem, opts)
-    places = mapping.map_layers([lay.op_type for lay in layers], locations(full))
+    map_key = {"fingerprint": report["quantization"], "layers": [lay.id for lay in layers], "v": __version__}
+    places = layer_places(layers, build_full, map_key, opts.recompute_cache)
     ctx = Context(opts, report, path, ResultCache(cache_dir(), opts.recompute_cache))
     plan = _plan(ctx, layers)
     tested = [lay for lay, why in zip(layers, plan) if why == "test"]

@@ -33,6 +33,7 @@ class RunOptions:
     rounding: str = "native"
     tolerance_lsb: float = DEFAULT_TOL_LSB
     seed: int = 0
+    recompute_cache: bool = False
 
 
 def check_fingerprint(report: dict, expected: dict, path: Path) -> None:
@@ -74,11 +75,9 @@ def execute(c, segs, inputs: dict, opts: RunOptions, stem: str, log=None) -> tup
     graph_outputs = {o.name for o in c.graph.output}
     for i, seg in enumerate(segs):
         model = _drop_dq_outputs(extract_segment(c, seg.nodes), graph_outputs)
-        name = f"{stem}.segment{i}_{seg.executor}"
         try:
-            compiled = X.frontend(model, debug_ir=opts.debug_ir, name=name)
-            runnable = X.build(seg.executor, compiled, cache_dir=cache_dir(), rounding=opts.rounding)
-            outs, ms = runnable.run({n: tensors[n] for n in compiled.input_names})
+            runnable = segment_runnable(model, seg.executor, opts, f"{stem}.segment{i}_{seg.executor}")
+            outs, ms = runnable.run({n: tensors[n] for n in _inputs(model)})
         except X.ExecutorError as e:
             raise TorqError(f"segment {i} ({seg.executor}, {len(seg.groups)} layers) failed "
                             f"[{e.reason_code}]: {e.summary}") from None
@@ -87,6 +86,21 @@ def execute(c, segs, inputs: dict, opts: RunOptions, stem: str, log=None) -> tup
         if log:
             log(i + 1, len(segs), f"segment {i} on {seg.executor}")
     return tensors, timings
+
+
+def segment_runnable(model, executor: str, opts: RunOptions, name: str | None = None):
+    """NSS segments come from their cached Program (unless IR is being dumped); CSS/HOST from
+    IREE modules cached by the content of their linalg IR."""
+    from .executors import nss
+    if executor == "nss" and not opts.debug_ir:
+        return nss.from_model(model, cache_dir=cache_dir(), rounding=opts.rounding, recompute=opts.recompute_cache)
+    compiled = X.frontend(model, debug_ir=opts.debug_ir, name=name)
+    return X.build(executor, compiled, cache_dir=cache_dir(), rounding=opts.rounding)
+
+
+def _inputs(model) -> list[str]:
+    inits = {t.name for t in model.graph.initializer}
+    return [v.name for v in model.graph.input if v.name not in inits]
 
 
 def _drop_dq_outputs(model, keep: set):
@@ -147,9 +161,8 @@ def locate_divergence(c, segs, inputs, opts: RunOptions, names: dict, tol: float
     tensors, graph_outputs = dict(inputs), {o.name for o in c.graph.output}
     for seg in segs:
         for group in seg.groups:
-            compiled = X.frontend(_drop_dq_outputs(extract_segment(c, group), graph_outputs))
-            outs, _ = X.build(seg.executor, compiled, cache_dir=cache_dir(), rounding=opts.rounding).run(
-                {n: tensors[n] for n in compiled.input_names})
+            model = _drop_dq_outputs(extract_segment(c, group), graph_outputs)
+            outs, _ = segment_runnable(model, seg.executor, opts).run({n: tensors[n] for n in _inputs(model)})
             tensors.update(outs)
             for name, v in outs.items():
                 r = ort.get(name)
@@ -218,7 +231,7 @@ def cmd_run(args) -> int:
     if not args.tolerance_lsb >= 0:
         raise TorqError(f"--tolerance-lsb must be non-negative (got {args.tolerance_lsb})")
     opts = RunOptions(model, Path(args.output_dir), quant_settings(args), (args.subgraph_from, args.subgraph_to),
-                      args.debug_ir, args.rounding, args.tolerance_lsb, args.seed)
+                      args.debug_ir, args.rounding, args.tolerance_lsb, args.seed, args.recompute_cache)
     with layer_progress("run") as bar:
         report, path = run_full(opts, bar)
     if "quantization" not in report:

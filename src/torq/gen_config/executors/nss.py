@@ -1,21 +1,64 @@
-"""NSS: the torq_hl program on the bit-exact simulator (native NPU rounding by default)."""
+"""NSS: the torq_hl program on the bit-exact simulator (native NPU rounding by default).
+
+``from_model`` caches each compiled ``Program`` by the model's content (``Program.save``), so a
+repeated ``run`` simulates its NSS segments without recompiling them."""
 from __future__ import annotations
 
+import hashlib
 import time
+from pathlib import Path
 
-from . import ExecutorError, Runnable, one_line
+from . import ExecutorError, Runnable, frontend, one_line
 
 NAME = "nss"
 
 
 def build(compiled, *, cache_dir=None, rounding: str = "native") -> Runnable:
     try:
-        compiled.program  # noqa: B018 - builds the program; refuses ops without a torq_hl rule
+        compiled.program  # noqa: B018 - refuses ops without a torq_hl rule
     except Exception as e:  # noqa: BLE001 - "not supported on NSS: <op> at L:C: <reason>"
         raise ExecutorError("no_pattern", one_line(e)) from None
 
     def run(inputs):
         t0 = time.perf_counter()
         out = compiled.run(inputs, rounding=rounding)
+        return out, (time.perf_counter() - t0) * 1e3
+    return Runnable(NAME, run)
+
+
+def _program_path(model, cache_dir) -> Path:
+    from ... import __version__
+    from ...program import FORMAT_VERSION
+    key = hashlib.sha256(f"torq {__version__} program {FORMAT_VERSION}|".encode() + model.SerializeToString())
+    return Path(cache_dir) / "programs" / f"{key.hexdigest()}.npz"
+
+
+def from_model(model, *, cache_dir, rounding: str = "native", recompute: bool = False) -> Runnable:
+    """The NSS runnable of an ONNX model, from its cached Program when there is one."""
+    from ...program import Program
+    from ...runtime.nss import Simulator
+    path = _program_path(model, cache_dir)
+    program = None
+    if path.exists() and not recompute:
+        try:
+            program = Program.load(path)
+        except Exception:  # noqa: BLE001 - a damaged cache entry is recompiled
+            program = None
+    if program is None:
+        try:
+            program = frontend(model).program
+        except ExecutorError:
+            raise
+        except Exception as e:  # noqa: BLE001
+            raise ExecutorError("no_pattern", one_line(e)) from None
+        try:
+            program.save(path)
+        except OSError:
+            pass  # a read-only cache only costs speed
+    sim = Simulator(program)
+
+    def run(inputs):
+        t0 = time.perf_counter()
+        out = program.fetch(sim.run(program.feed(inputs), rounding))
         return out, (time.perf_counter() - t0) * 1e3
     return Runnable(NAME, run)
