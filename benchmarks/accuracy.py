@@ -71,7 +71,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=16, help="images per NSS call (default 16)")
     ap.add_argument("--jobs", type=int, default=1, help="NSS worker processes (default 1)")
     ap.add_argument("--num-calib", type=int, default=100, help="calibration images (default 100)")
-    ap.add_argument("--calibrate-method", default="percentile", choices=["minmax", "entropy", "percentile"])
+    ap.add_argument("--calibrate-method", default="minmax", choices=["minmax", "entropy", "percentile"])
     ap.add_argument("--per-tensor", action="store_true", help="per-tensor weight scales (default per channel)")
     ap.add_argument("--sqnr-images", type=int, default=4, help="images for the per-layer SQNR (default 4)")
     args = ap.parse_args()

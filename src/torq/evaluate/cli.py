@@ -46,8 +46,9 @@ def register(sub) -> None:
     p.add_argument("--num-calib", type=int, default=100, metavar="N",
                    help="use at most N calibration images (default 100)")
     p.add_argument("--preprocess", default="", metavar="KEY=VALUE,...", help="declared preprocessing (see above)")
-    p.add_argument("--calibrate-method", default="percentile", metavar="{minmax,entropy,percentile}",
-                   help="activation ranges from calibration data (default percentile: best measured)")
+    p.add_argument("--calibrate-method", default="minmax", metavar="{minmax,entropy,percentile}",
+                   help="activation ranges from calibration data (default minmax, per channel: the smallest mean "
+                        "top-1 loss measured on EfficientNet-Lite0 and Fashion-MNIST; see README)")
     p.add_argument("--per-tensor", action="store_true", help="one weight scale per tensor (default per channel)")
     p.add_argument("--bias-correction", action="store_true",
                    help="correct Conv/Gemm biases for int8 weight rounding before quantizing (fp32 transform)")
