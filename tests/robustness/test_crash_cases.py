@@ -4,6 +4,7 @@ Through the real `torq-compile` (a subprocess capped at 2 GiB of address space),
 importer with validation bypassed, where the forked child's crash itself must become the message."""
 from __future__ import annotations
 
+import os
 import resource
 import subprocess
 import sys
@@ -12,7 +13,7 @@ import onnx
 import pytest
 
 from robustness.mutants import crash_cases, qconv
-from torq.compiler import importer
+from torq.compiler import importer, isolation
 from torq.compiler.isolation import NativeCrash
 from torq.errors import TorqError
 
@@ -53,8 +54,21 @@ def test_native_crash_names_signal_and_node(case, signal_name):
     msg = str(e.value)
     assert msg.startswith(f"torch-mlir crashed ({signal_name}) while lowering node {node}"), msg
     assert "\n" not in msg
-    assert "Fatal Python error" in e.value.diagnostics      # the child's stderr is kept
-    assert "Fatal Python error" not in msg
+    assert "\n" not in msg and "Fatal Python error" not in msg
+
+
+def _print_and_abort(model):
+    os.write(2, b"LLVM ERROR: what the native code said before dying\n")
+    os.abort()
+
+
+def test_child_diagnostics_are_kept_and_quoted():
+    """Whatever the child wrote to stderr survives it: the best line in the message, all of it attached."""
+    with pytest.raises(NativeCrash) as e:
+        isolation.run_isolated(_print_and_abort, qconv())
+    assert str(e.value).startswith("torch-mlir crashed (SIGABRT) while lowering node ")
+    assert str(e.value).endswith(": LLVM ERROR: what the native code said before dying")
+    assert "what the native code said" in e.value.diagnostics
 
 
 def test_memory_cap_becomes_an_error(tmp_path):

@@ -115,6 +115,9 @@ def _child(fn, model, result, diag_fd: int, cap: int) -> None:
     try:
         os.dup2(diag_fd, 1)
         os.dup2(diag_fd, 2)
+        for sig in (signal.SIGSEGV, signal.SIGFPE, signal.SIGABRT, signal.SIGBUS, signal.SIGILL):
+            signal.signal(sig, signal.SIG_DFL)   # handlers a library (e.g. Ray) left in the parent
+        faulthandler.disable()
         faulthandler.enable(file=os.fdopen(os.dup(diag_fd), "w"), all_threads=False)
         try:
             resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
