@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 import traceback
+from collections import Counter
 from pathlib import Path
 
 MODELS = ["resnet18", "resnet50", "mobilenet_v2", "mobilenet_v3_small", "mobilenet_v3_large",
@@ -99,7 +100,8 @@ def run_one(name: str, flags: str, folder: Path = BUILD) -> dict:
         unsupported = compiled.report.unsupported
         if unsupported:
             row["outcome"] = "not supported"
-            row["detail"] = f"{len(unsupported)}× e.g. {unsupported[0]}"
+            by_op = Counter(u.reason.split(":", 1)[0] for u in unsupported)
+            row["detail"] = ", ".join(f"{op}×{n}" for op, n in by_op.most_common()) + f"; e.g. {unsupported[0]}"
             return row
         res = verify(compiled, seed=0)
         row["max_lsb"] = {m: max((o.max_lsb for o in res.outputs if o.mode == m), default=0)

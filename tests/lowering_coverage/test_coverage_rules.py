@@ -137,15 +137,19 @@ def test_identity_shared_weights_are_folded_before_quantizing():
         assert not c.report.unsupported, c.report.unsupported
 
 
-def test_unreadable_generic_is_a_reason_not_an_internal_error():
-    """AveragePool count_include_pad=0 with padding: torch-mlir divides by per-position counts
-    built with linalg.index, which the generic reader cannot evaluate -> 'not supported'."""
-    rng = np.random.default_rng(0)
-    m = _sandwich(rng, 3, 6, [helper.make_node("AveragePool", ["c0"], ["z"], kernel_shape=[3, 3],
-                                               pads=[1, 1, 1, 1], count_include_pad=0)], {})
-    q = quantize(m, {"x": [1, 3, 6, 6]}, "qdq", False)
-    c = torq_compile(q)
-    assert c.report.unsupported and all("not supported on NSS" in str(u) for u in c.report.unsupported)
+@SETTINGS
+@given(st.data(), st.sampled_from(["qdq", "qoperator"]))
+def test_avgpool_count_include_pad_0(data, fmt):
+    """AveragePool count_include_pad=0 with padding: torch-mlir divides by per-position counts it
+    builds with linalg.index (an internal error before); read, checked, lowered with per-position
+    divisors."""
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**16)))
+    c, hw = data.draw(st.integers(1, 4)), data.draw(st.integers(3, 9))
+    k, s = data.draw(st.sampled_from([2, 3])), data.draw(st.sampled_from([1, 2]))
+    p = data.draw(st.integers(1, k - 1))
+    m = _sandwich(rng, c, hw, [helper.make_node("AveragePool", ["c0"], ["z"], kernel_shape=[k, k], strides=[s, s],
+                                                pads=[p, p, p, p], count_include_pad=0)], {})
+    _check(m, hw, fmt, False, "avg_pool2d", int(rng.integers(1000)))
 
 
 @pytest.mark.parametrize("value", [np.float32(0.0), np.float32(3.0)])

@@ -178,6 +178,11 @@ class Arg:
 
 
 @dataclass(frozen=True)
+class Index:
+    dim: int    # linalg.index: the iteration coordinate along `dim` (e.g. a pool's per-position count)
+
+
+@dataclass(frozen=True)
 class Node:
     op: str
     args: tuple
@@ -265,6 +270,8 @@ class Generic:
             name = op.name
             if name == "arith.constant":
                 r = attr_to_numpy(op.attributes["value"], v.type)
+            elif name == "linalg.index":
+                r = Index(int(op.attributes["dim"].value))
             else:
                 kids = tuple(build(o) for o in op.operands)
                 attr = str(op.attributes["predicate"]) if "predicate" in op.attributes else ""
@@ -289,6 +296,9 @@ class Generic:
         env = {}
         for i in self.var_inputs:
             env[i] = self.in_iteration_space(i, var_values[i])
+        n = len(self.out_shape)
+        for d in range(n):   # linalg.index d: coordinates along d (identity output map)
+            env[("index", d)] = np.arange(self.out_shape[d]).reshape([-1 if k == d else 1 for k in range(n)])
         t = self.tree()
         out = eval_node(t, env) if _is_var(t) else t
         out = np.broadcast_to(out, self.out_shape if out_shape is None else out_shape)
@@ -315,7 +325,7 @@ def _outside(op, generic) -> bool:
 
 
 def _is_var(x) -> bool:
-    return isinstance(x, (Arg, Node))
+    return isinstance(x, (Arg, Node, Index))
 
 
 def _rtype(node: Node):
@@ -326,6 +336,8 @@ def eval_node(t, env):
     """Evaluate an expression tree with numpy, in the MLIR result dtypes (IEEE float32 ops)."""
     if isinstance(t, Arg):
         return env[t.index]
+    if isinstance(t, Index):
+        return env[("index", t.dim)]
     if not isinstance(t, Node):
         return t
     a = [eval_node(x, env) for x in t.args]

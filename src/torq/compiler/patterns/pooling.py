@@ -7,7 +7,8 @@
                                                      rescale is a 256-entry lookup of Q ∘ DQ)
     Q ∘ divf(N) ∘ pooling_nchw_sum ∘ [pad] ∘ DQ   -> torq_hl.avg_pool2d  (AveragePool with
                                                      count_include_pad=1, GlobalAveragePool;
-                                                     no divf when the window is 1x1)
+                                                     no divf when the window is 1x1; or
+                                                     count_include_pad=0: N per position)
     pooling_nchw_max(int8) ∘ [pad(int min)]       -> torq_hl.maxpool2d   (QOperator MaxPool, which
                                                      ORT keeps as a plain int8 MaxPool)
     Q ∘ divf(H·W) ∘ sum over (H, W) ∘ DQ          -> torq_hl.avg_pool2d  (ReduceMean over H, W)
@@ -81,6 +82,8 @@ class QAvgPool:
         hit = L.as_scalar_op(g, "arith.divf") if g is not None else None
         if hit is not None:
             pool, count = L.producer(g.inputs[hit[0]]), np.asarray(hit[1]).ravel()
+        elif _per_position_divisor(g):   # count_include_pad=0: the divisor is built from linalg.index
+            return self._exclude_pad(ctx, root, g)
         else:   # a 1x1 window: torch-mlir folds the division by 1 away
             pool, count = div, np.ones(1)
         if _is_hw_sum(pool):
@@ -95,23 +98,41 @@ class QAvgPool:
         xin, pad, padv = strip_pad(pool.operands[0])
         if padv is not None and pad_constant(ctx, padv) != 0.0:
             return ctx.fail(pool, "AveragePool padding is not zero")
-        return _averaging(ctx, root, pool, xin, "AveragePool", pad, kernel)
+        return _averaging(ctx, root, pool, xin, "AveragePool", pad, kernel) + (1,)
+
+    def _exclude_pad(self, ctx, root, g):
+        """AveragePool count_include_pad=0: the divisor generic must give, per output position,
+        the number of window cells inside the unpadded input (evaluated, then checked)."""
+        pool = L.producer(g.inputs[g.var_inputs[0]])
+        kernel, stride = _window(pool), L.attr_ints(pool, "strides")
+        xin, pad, padv = strip_pad(pool.operands[0])
+        if L.attr_ints(pool, "dilations") != [1, 1] or (padv is not None and pad_constant(ctx, padv) != 0.0):
+            return ctx.fail(pool, "dilated AveragePool, or padding that is not zero")
+        try:
+            recip = g.evaluate({g.var_inputs[0]: np.ones(L.shape_of(pool.results[0]), np.float32)})
+        except NotImplementedError as e:
+            return ctx.fail(pool, f"AveragePool divisor cannot be read ({e})")
+        hw = L.shape_of(xin)[-2:]
+        expect = _valid_counts(hw, kernel, stride, pad, L.shape_of(pool.results[0])[-2:])
+        if not np.array_equal(np.rint(1 / recip[0, 0]), expect):
+            return ctx.fail(pool, "AveragePool divisor is neither the window size nor the valid-cell count")
+        return _averaging(ctx, root, pool, xin, "AveragePool", pad, kernel) + (0,)
 
     def _reduce_mean(self, ctx, root, red, count):
         kernel = list(L.shape_of(red.operands[0])[2:])
         if count.size != 1 or count[0] != kernel[0] * kernel[1]:
             return ctx.fail(red, "ReduceMean divisor is not H·W")
-        return _averaging(ctx, root, red, red.operands[0], "ReduceMean", [0, 0, 0, 0], kernel)
+        return _averaging(ctx, root, red, red.operands[0], "ReduceMean", [0, 0, 0, 0], kernel) + (1,)
 
     def rewrite(self, ctx: Ctx, root: Root, m):
-        pool, x, xs, xz, pad, kernel = m
+        pool, x, xs, xz, pad, kernel, include_pad = m
         ys = float(root.q.scale)
         n = kernel[0] * kernel[1]
         mult, shift = numerics.avgpool_multiplier(xs, ys, n)
         stride = L.attr_ints(pool, "strides") if "strides" in pool.attributes else [1, 1]
         attrs = dict(input_zp=xz, output_zp=int(root.q.zp), output_min=root.q.lo, output_max=root.q.hi,
                      shift_factor=shift, scale_bias=[-n * xz, mult], kernel=kernel,
-                     stride=stride, pad=pad, count_include_pad=1,
+                     stride=stride, pad=pad, count_include_pad=include_pad,
                      ort_input_scale=[xs], ort_output_scale=[ys], ort_zp_shift=ctx.ort_zp_shift)
         return emit("avg_pool2d", root, [x], attrs, pool)
 
@@ -125,6 +146,24 @@ def _averaging(ctx: Ctx, root: Root, op, x_f, what: str, pad, kernel):
     if np.ndim(root.q.scale) or root.q.out_dtype is not np.int8:
         return ctx.fail(op, "output quantization is not per-tensor int8")
     return (op, x, float(scalar(xs, "input scale")), int(scalar(xz, "input zero point")), pad, kernel)
+
+
+def _per_position_divisor(g) -> bool:
+    """A one-input generic over a pooling_nchw_sum whose body reads linalg.index (torch-mlir's
+    count_include_pad=0 divisor)."""
+    if g is None or len(g.var_inputs) != 1 or L.op_name(L.producer(g.inputs[g.var_inputs[0]])) != "linalg.pooling_nchw_sum":
+        return False
+    return any(o.operation.name == "linalg.index" for o in g.block.operations)
+
+
+def _valid_counts(hw, kernel, stride, pad, out_hw) -> np.ndarray:
+    """Per output position: window cells inside the unpadded [H, W] input ([l, r, t, b] pads)."""
+    def axis(n, k, s, lo, out):
+        start = np.arange(out) * s - lo
+        return np.minimum(start + k, n) - np.maximum(start, 0)
+    rows = axis(hw[0], kernel[0], stride[0], pad[2], out_hw[0])
+    cols = axis(hw[1], kernel[1], stride[1], pad[0], out_hw[1])
+    return np.outer(rows, cols).astype(np.float64)
 
 
 def _is_hw_sum(op) -> bool:
