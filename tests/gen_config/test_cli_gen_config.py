@@ -5,6 +5,9 @@ import json
 import os
 import shutil
 import subprocess
+import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -107,17 +110,80 @@ def test_output_dir_that_cannot_be_created(done, tmp_path, capsys):
                     "cannot create")
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root ignores directory permissions")
+NOBODY = 65534
+_AS_NOBODY = """import contextlib, io, os, sys
+from torq.gen_config.cli import main
+argv = sys.argv[1:]
+with contextlib.redirect_stderr(io.StringIO()):   # warm-up as root: the same path up to the check,
+    main(argv[:-1] + [os.devnull + "/out"])       # loading what it imports (stdlib is root-only)
+os.setgroups([]); os.setgid({id}); os.setuid({id})
+sys.exit(main(argv))
+"""
+
+
+def _nobody_can_run_python(env) -> bool:
+    try:
+        r = subprocess.run([sys.executable, "-c", "import torq.gen_config.cli"], env=env, user=NOBODY,
+                           group=NOBODY, extra_groups=[], capture_output=True, timeout=120)
+    except OSError:      # e.g. the interpreter lives under root's home (mode 700)
+        return False
+    return r.returncode == 0
+
+
+def _cli_as_nobody(argv, base: Path) -> subprocess.CompletedProcess:
+    """The CLI in a child process running as nobody (root ignores directory permissions);
+    argv ends with the --output-dir value.
+
+    With `user=` when nobody can run this interpreter; else the child starts as root and drops
+    to nobody before main() runs (only the interpreter's own files are then out of nobody's reach)."""
+    src = Path(__file__).resolve().parents[2] / "src"
+    env = {**os.environ, "PYTHONPATH": str(src), "HOME": str(base / "home"),
+           "TORQ_GEN_CONFIG_CACHE_DIR": str(base / "home" / "cache")}
+    if _nobody_can_run_python(env):
+        cmd, as_user = [sys.executable, "-m", "torq.gen_config.cli"], {"user": NOBODY, "group": NOBODY, "extra_groups": []}
+    else:
+        cmd, as_user = [sys.executable, "-c", _AS_NOBODY.format(id=NOBODY)], {}
+    return subprocess.run(cmd + [str(a) for a in argv], env=env, cwd=base, capture_output=True, text=True,
+                          timeout=300, **as_user)
+
+
+def _readable_by_nobody(path: Path) -> bool:
+    return all(os.stat(p).st_mode & 0o005 == 0o005 for p in [path, *path.parents])
+
+
+@pytest.mark.skipif(not hasattr(os, "setuid"), reason="needs POSIX users")
 def test_read_only_output_dir(done, tmp_path, capsys):
     model, _ = done
-    ro = tmp_path / "ro"
-    ro.mkdir()
-    ro.chmod(0o500)
+    if os.geteuid() != 0:        # an ordinary user: permissions apply in process
+        ro = tmp_path / "ro"
+        ro.mkdir()
+        ro.chmod(0o500)
+        try:
+            _one_line_error(capsys, cli("discover", "--model", model, "--output-dir", ro, *QFLAGS), "not writable")
+            assert list(ro.iterdir()) == []
+        finally:
+            ro.chmod(0o700)
+        return
+    src = Path(__file__).resolve().parents[2] / "src"
+    if not _readable_by_nobody(src / "torq" / "gen_config"):
+        pytest.skip(f"{src} is not readable by uid {NOBODY}")
+    base = Path(tempfile.mkdtemp(prefix="torq-ro-"))
     try:
-        _one_line_error(capsys, cli("discover", "--model", model, "--output-dir", ro, *QFLAGS), "not writable")
+        base.chmod(0o755)
+        (base / "home").mkdir(mode=0o777)
+        (base / "home").chmod(0o777)
+        shutil.copy(model, base / "model.onnx")
+        (base / "model.onnx").chmod(0o644)
+        ro = base / "ro"
+        ro.mkdir(mode=0o555)
+        r = _cli_as_nobody(["discover", "--model", base / "model.onnx", *QFLAGS, "--output-dir", ro], base)
+        err = r.stderr.strip()
+        assert r.returncode == 2 and r.stdout == "", (r.returncode, r.stdout, err)
+        assert err.count("\n") == 0 and "Traceback" not in err, err
+        assert err == f"torq-gen-config: error: --output-dir {ro}: not writable", err
         assert list(ro.iterdir()) == []
     finally:
-        ro.chmod(0o700)
+        shutil.rmtree(base)
 
 
 def test_skip_executors_and_dedup(tmp_path):

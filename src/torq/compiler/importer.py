@@ -6,13 +6,16 @@ keep those locations, so each linalg op (and each torq_hl op built from it) name
 
 torch-mlir trusts its input: a value we failed to validate can crash it natively (SIGSEGV,
 abort, runaway memory). So import + pipelines run in a forked child with a memory cap
-(`isolation.py`); the child hands back every stage's text and the linalg module as bytecode
-(locations included), and a crash becomes a one-line TorqError naming the node.
+(`isolation.py`); the child hands back only what compiling needs -- the operator locations and
+the linalg module as bytecode (locations included) -- and a crash becomes a one-line TorqError
+naming the node. The stages' texts (~100 MB with weights for ResNet-18) are printed only when
+`.ir(stage)`, `--emit` or `--debug-ir` asks for them (`StageTexts`).
 """
 from __future__ import annotations
 
 import contextlib
 import io
+from collections.abc import MutableMapping
 import os
 import re
 import tempfile
@@ -68,10 +71,38 @@ def _quiet_stderr():
 class ImportedModel:
     """torch-onnx MLIR text plus the LINE:COL of every non-Constant torch.operator, in order.
 
-    `lowered` holds what the isolated child already computed: stage -> text, and "bytecode"."""
-    text: str
+    From the isolated child, `text` is None (printed on request, see `StageTexts`) and `bytecode`
+    holds the linalg module; `source` is the ONNX model that re-derives the texts."""
+    text: str | None
     operator_locations: list[tuple[str, str]] = field(default_factory=list)  # (onnx op type, "L:C")
-    lowered: dict = field(default_factory=dict, repr=False)
+    bytecode: bytes | None = field(default=None, repr=False)
+    source: onnx.ModelProto | None = field(default=None, repr=False)
+
+
+class StageTexts(MutableMapping):
+    """stage -> MLIR text, where a value may be a zero-argument callable printed on first read:
+    most compiles never look at the texts, and printing them (weights included) is costly."""
+
+    def __init__(self):
+        self._texts: dict = {}
+
+    def __getitem__(self, stage: str) -> str:
+        value = self._texts[stage]
+        if callable(value):
+            value = self._texts[stage] = value()
+        return value
+
+    def __setitem__(self, stage: str, value) -> None:
+        self._texts[stage] = value
+
+    def __delitem__(self, stage: str) -> None:
+        del self._texts[stage]
+
+    def __iter__(self):
+        return iter(self._texts)
+
+    def __len__(self) -> int:
+        return len(self._texts)
 
 
 def operator_locations(text: str) -> list[tuple[str, str]]:
@@ -94,18 +125,25 @@ def import_onnx(model: onnx.ModelProto) -> ImportedModel:
     import torch_mlir.passmanager  # noqa: F401
 
     from . import torq_hl  # noqa: F401
-    return isolation.run_isolated(import_and_lower, model)
+    imported = isolation.run_isolated(import_and_lower, model)
+    imported.source = model
+    return imported
 
 
 def import_and_lower(model: onnx.ModelProto) -> ImportedModel:
-    """Import + every pipeline, in this process; the stages' texts and the linalg bytecode."""
+    """Import + every pipeline, in this process; what the parent needs: locations and bytecode."""
     imported = import_in_process(model)
-    stages = {}
-    module = _lower(imported, None, lambda stage, m: stages.__setitem__(stage, m.operation.get_asm()))
+    module = _lower(imported, None, None)
     buf = io.BytesIO()
     module.operation.write_bytecode(buf)
-    imported.lowered = {**stages, "bytecode": buf.getvalue()}
-    return imported
+    return ImportedModel(None, imported.operator_locations, buf.getvalue())
+
+
+def _import_and_print(model: onnx.ModelProto) -> dict[str, str]:
+    """Import + pipelines printing the torch_onnx and torch stages (run isolated, on request)."""
+    texts = {}
+    _lower(import_in_process(model), None, lambda stage, m: texts.__setitem__(stage, m.operation.get_asm()))
+    return {stage: texts[stage] for stage in ("torch_onnx", "torch")}
 
 
 def import_in_process(model: onnx.ModelProto) -> ImportedModel:
@@ -164,15 +202,30 @@ def lower_to_linalg(imported: ImportedModel, ctx=None, dump=None):
     """torch-onnx text -> torch backend -> linalg-on-tensors module.
 
     `dump(stage, text)` is called for each stage (used by --debug-ir). Uses the isolated child's
-    result when `imported` came from `import_onnx`, else lowers the text in process."""
-    if not imported.lowered:
+    result when `imported` came from `import_onnx`, else lowers the text in process. From the
+    child, `text` is a callable printing that stage on request (see `StageTexts`)."""
+    if imported.bytecode is None:
         return _lower(imported, ctx, dump and (lambda stage, m: dump(stage, m.operation.get_asm())))
     from torch_mlir import ir
     if dump:
-        dump("torch_onnx", imported.text)
-        dump("torch", imported.lowered["torch"])
-        dump("linalg", imported.lowered["linalg"])
-    return ir.Module.parse(imported.lowered["bytecode"], context=ctx or new_context())
+        reprint = _Reprint(imported.source)
+        dump("torch_onnx", lambda: reprint("torch_onnx"))
+        dump("torch", lambda: reprint("torch"))
+        dump("linalg", lambda: ir.Module.parse(imported.bytecode, context=new_context()).operation.get_asm())
+    return ir.Module.parse(imported.bytecode, context=ctx or new_context())
+
+
+class _Reprint:
+    """The torch_onnx and torch texts, re-derived in one isolated child on the first request."""
+
+    def __init__(self, model: onnx.ModelProto):
+        self.model, self.texts = model, None
+
+    def __call__(self, stage: str) -> str:
+        if self.texts is None:
+            from . import isolation
+            self.texts = isolation.run_isolated(_import_and_print, self.model)
+        return self.texts[stage]
 
 
 def _lower(imported: ImportedModel, ctx, dump):

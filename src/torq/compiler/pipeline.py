@@ -34,7 +34,7 @@ class CompiledModel:
     model: onnx.ModelProto                 # the quantized ONNX as given (what ORT runs as reference)
     input_names: list[str]
     output_names: list[str]
-    stages: dict[str, str]                 # stage -> MLIR text
+    stages: importer.StageTexts            # stage -> MLIR text (printed on first read)
     report: lowering.LoweringReport
     operator_locations: list               # [(onnx op type, "LINE:COL")] of the torch_onnx text
     timings: dict[str, float] = field(default_factory=dict)
@@ -87,7 +87,7 @@ def compile(model, debug_ir: str | os.PathLike | None = None, name: str | None =
     model = specialise_dynamic_dims(model)     # compiled for batch 1 (graph/specialise.py)
     model = canonicalize(model)
     model, u8_in, u8_out, shifted = signedness.to_int8(model)
-    stages: dict[str, str] = {}
+    stages = importer.StageTexts()     # texts printed only when read (.ir, --emit, --debug-ir)
     imported = importer.import_onnx(model)
     t1 = time.perf_counter()
 
