@@ -9,6 +9,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .blas import gemm_threads
+
 _F24 = (1 << 24) - 1
 _F53 = 1 << 53
 _MIN_F32_CHUNK = 64
@@ -156,6 +158,12 @@ class _Weights:
 def _gemm(eng: _Engine, cols: np.ndarray, out: np.ndarray):
     """out[g, Og, L] = Σ_chunks W_chunk @ cols[g, k0:k1, L], exact. ``out`` has the dtype
     ``_acc_dtype(eng)`` (float32 for one float32 chunk, float64 for several)."""
+    g, K, L = cols.shape
+    with gemm_threads(g * out.shape[1] * K * L):
+        _gemm_chunks(eng, cols, out)
+
+
+def _gemm_chunks(eng: _Engine, cols: np.ndarray, out: np.ndarray):
     chunks = eng.chunks
     g = cols.shape[0]
     if len(chunks) == 1:
@@ -218,12 +226,13 @@ class FcPlan:
         if c:
             xc -= c
         chunks = eng.chunks
-        if len(chunks) == 1:
-            acc = np.matmul(xc, chunks[0][2][0])
-        else:
-            acc = np.zeros((x2.shape[0], O), dtype=np.float64)
-            for k0, k1, wt in chunks:
-                acc += np.matmul(xc[:, k0:k1], wt[0])
+        with gemm_threads(x2.shape[0] * O * K):
+            if len(chunks) == 1:
+                acc = np.matmul(xc, chunks[0][2][0])
+            else:
+                acc = np.zeros((x2.shape[0], O), dtype=np.float64)
+                for k0, k1, wt in chunks:
+                    acc += np.matmul(xc[:, k0:k1], wt[0])
         extra = self.bias + c * self.wsum if c else self.bias
         S = self.weights.S
         return AccParts(acc.reshape(*lead, O), extra, mx * S, max(-lo, hi, 0) * S + self.bias_max)

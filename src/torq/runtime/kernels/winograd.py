@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...numerics.loops import jit
+from .blas import gemm_threads
 from .gemm import _F24, _greedy_chunks
 
 
@@ -145,7 +146,8 @@ class _Winograd:
         for n in range(N):
             _wino_input_tiles(x[n], int(c), np.float32(fill), pt, pl, Th, Tw, V)
             for i, (c0, c1, u) in enumerate(chunks):
-                np.matmul(u, V[:, c0:c1], out=M)
+                with gemm_threads(16 * self.O * (c1 - c0) * Th * Tw):
+                    np.matmul(u, V[:, c0:c1], out=M)
                 if Msum is not None:                      # chunk sums: exact in float64
                     if i == 0:
                         np.copyto(Msum, M)
