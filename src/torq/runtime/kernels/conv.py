@@ -1,10 +1,10 @@
 """Exact convolution accumulators: im2col by stride phases + exact GEMM, Winograd for 3x3,
-shifted-slice sums for depthwise (see the package doc)."""
+a compiled per-plane loop for depthwise (see the package doc)."""
 from __future__ import annotations
 
 import numpy as np
 
-from ...numerics.loops import pair
+from ...numerics.loops import jit, pair
 from .gemm import _F24, _F53, AccParts, _acc_dtype, _centre, _gemm, _pads, _range, _Weights, conv_out_size
 from .winograd import _Winograd
 
@@ -214,35 +214,39 @@ def conv2d_acc(x, w, bias=None, pad_lrtb=(0, 0, 0, 0), pad_value: int = 0, strid
 
 
 def _depthwise(x, w64, pads, pad_value, c, mx, mw, stride, dilation, OH, OW, mult):
-    """Depthwise accumulator without bias, int64 [N, O, OH, OW], of (x - c) (pad: value - c)."""
-    N, C, H, W = x.shape
+    """Depthwise accumulator without bias [N, O, OH, OW] of (x - c) (pad: value - c), in float32
+    when every partial sum is below 2**24 (exact), else float64 / int64."""
     O, _, KH, KW = w64.shape
-    sh, sw = stride
-    dh, dw = dilation
     bound = KH * KW * mx * mw
     dtype = np.float32 if bound <= _F24 else (np.float64 if bound < _F53 else np.int64)
-    wt = np.ascontiguousarray(w64.reshape(O, KH * KW).T.astype(dtype))   # [taps, O]
-    out = np.empty((N, O, OH, OW), dtype=np.int64)
-    # Work on blocks of input channels so the padded input, the accumulator and the temporary
-    # stay cache-resident (fresh full-size temporaries cost more than the arithmetic).
-    per_c = N * mult * max(OH * OW, x.shape[2] * x.shape[3])
-    cb = max(1, min(C, (1 << 16) // max(1, per_c)))
-    for c0 in range(0, C, cb):
-        c1 = min(C, c0 + cb)
-        xp = _padded(x[:, c0:c1], pads, pad_value, c, dtype)
-        if mult > 1:
-            xp = np.repeat(xp, mult, axis=1)      # output channel o reads input channel o // mult
-        o0, o1 = c0 * mult, c1 * mult
-        acc = np.zeros((N, o1 - o0, OH, OW), dtype=dtype)
-        tmp = np.empty_like(acc)
-        for i in range(KH):
-            for j in range(KW):
-                h0, w0 = i * dh, j * dw
-                sl = xp[:, :, h0:h0 + sh * (OH - 1) + 1:sh, w0:w0 + sw * (OW - 1) + 1:sw]
-                np.multiply(sl, wt[i * KW + j, o0:o1].reshape(1, -1, 1, 1), out=tmp)
-                acc += tmp
-        out[:, o0:o1] = acc
+    xp = _padded(x, pads, pad_value, c, dtype)
+    out = np.empty((x.shape[0], O, OH, OW), dtype=dtype)
+    _depthwise_loop(xp, w64.reshape(O, KH, KW).astype(dtype), stride[0], stride[1],
+                    dilation[0], dilation[1], mult, out)
     return out
+
+
+@jit
+def _depthwise_loop(xp, w, sh, sw, dh, dw, mult, out):
+    """out[n, o, r, q] = Σ_ij w[o, i, j] * xp[n, o // mult, r*sh + i*dh, q*sw + j*dw]: one output
+    plane at a time (it stays in cache), the innermost loop along a row."""
+    N, O, OH, OW = out.shape
+    KH, KW = w.shape[1], w.shape[2]
+    for n in range(N):
+        for o in range(O):
+            src = xp[n, o // mult]
+            dst = out[n, o]
+            dst[:, :] = 0
+            for i in range(KH):
+                for j in range(KW):
+                    wv = w[o, i, j]
+                    if wv == 0:
+                        continue
+                    base = j * dw
+                    for r in range(OH):
+                        row = src[r * sh + i * dh]
+                        for q in range(OW):
+                            dst[r, q] += wv * row[base + q * sw]
 
 
 def _padded(x: np.ndarray, pads, value: int, c: int, dtype) -> np.ndarray:
