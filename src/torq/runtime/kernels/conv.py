@@ -244,9 +244,15 @@ def _depthwise_loop(xp, w, sh, sw, dh, dw, mult, out):
                         continue
                     base = j * dw
                     for r in range(OH):
-                        row = src[r * sh + i * dh]
-                        for q in range(OW):
-                            dst[r, q] += wv * row[base + q * sw]
+                        d = dst[r]
+                        if sw == 1:         # a unit-stride row view: the loop vectorises
+                            seg = src[r * sh + i * dh, base:base + OW]
+                            for q in range(OW):
+                                d[q] += wv * seg[q]
+                        else:
+                            row = src[r * sh + i * dh]
+                            for q in range(OW):
+                                d[q] += wv * row[base + q * sw]
 
 
 def _padded(x: np.ndarray, pads, value: int, c: int, dtype) -> np.ndarray:
