@@ -197,7 +197,9 @@ def load_fp32(name: str, hw: int):
         path, title = build(only=["effnet"])["effnet"]["model"], "EfficientNet-Lite0 (pretrained, folded)"
     else:
         path, title = name, Path(name).name
-    return with_batch(fold_fp32(onnx.load(path)), 1), title
+    from torq.quantize.dead_channels import zero_dead_channels
+    fp32, _ = zero_dead_channels(fold_fp32(onnx.load(path)))     # as `evaluate` quantizes it
+    return with_batch(fp32, 1), title
 
 
 def main(argv=None) -> int:

@@ -207,3 +207,14 @@ def test_rank3_and_rank4_matmul_by_weight(data, fmt, per_channel):
               {"w": rng.normal(0, 1 / np.sqrt(k), (k, n))})
     q = quantize(m, {"x": [*lead, k]}, fmt, per_channel, seed=int(rng.integers(1000)))
     check_compiled(torq_compile(q), "fully_connected")
+
+
+def test_pool_of_a_float_op_is_a_reason_not_an_internal_error():
+    """QOperator leaves HardSwish in float, so the squeeze-excite GlobalAveragePool reads a float
+    op (MobileNetV3): the pool rule's failure must stay a reason (it raised a TypeError)."""
+    rng = np.random.default_rng(0)
+    n = helper.make_node
+    m = _sandwich(rng, 4, 6, [n("HardSwish", ["c0"], ["h"]), n("GlobalAveragePool", ["h"], ["g"]),
+                              n("Mul", ["c0", "g"], ["z"])], {})
+    c = torq_compile(quantize(m, {"x": [1, 3, 6, 6]}, "qoperator", False, full_integer=False))
+    assert all("not supported on NSS" in str(u) for u in c.report.unsupported)

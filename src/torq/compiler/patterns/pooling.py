@@ -19,7 +19,7 @@ import numpy as np
 
 from ... import numerics
 from .. import linalg_view as L
-from .common import Ctx, Root, emit, lookup_table, pad_constant, scalar, strip_pad
+from .common import Ctx, Fail, Root, emit, lookup_table, pad_constant, scalar, strip_pad
 
 
 def _window(op):
@@ -98,7 +98,7 @@ class QAvgPool:
         xin, pad, padv = strip_pad(pool.operands[0])
         if padv is not None and pad_constant(ctx, padv) != 0.0:
             return ctx.fail(pool, "AveragePool padding is not zero")
-        return _averaging(ctx, root, pool, xin, "AveragePool", pad, kernel) + (1,)
+        return _with_include_pad(_averaging(ctx, root, pool, xin, "AveragePool", pad, kernel), 1)
 
     def _exclude_pad(self, ctx, root, g):
         """AveragePool count_include_pad=0: the divisor generic must give, per output position,
@@ -116,13 +116,13 @@ class QAvgPool:
         expect = _valid_counts(hw, kernel, stride, pad, L.shape_of(pool.results[0])[-2:])
         if not np.array_equal(np.rint(1 / recip[0, 0]), expect):
             return ctx.fail(pool, "AveragePool divisor is neither the window size nor the valid-cell count")
-        return _averaging(ctx, root, pool, xin, "AveragePool", pad, kernel) + (0,)
+        return _with_include_pad(_averaging(ctx, root, pool, xin, "AveragePool", pad, kernel), 0)
 
     def _reduce_mean(self, ctx, root, red, count):
         kernel = list(L.shape_of(red.operands[0])[2:])
         if count.size != 1 or count[0] != kernel[0] * kernel[1]:
             return ctx.fail(red, "ReduceMean divisor is not H·W")
-        return _averaging(ctx, root, red, red.operands[0], "ReduceMean", [0, 0, 0, 0], kernel) + (1,)
+        return _with_include_pad(_averaging(ctx, root, red, red.operands[0], "ReduceMean", [0, 0, 0, 0], kernel), 1)
 
     def rewrite(self, ctx: Ctx, root: Root, m):
         pool, x, xs, xz, pad, kernel, include_pad = m
@@ -135,6 +135,11 @@ class QAvgPool:
                      stride=stride, pad=pad, count_include_pad=include_pad,
                      ort_input_scale=[xs], ort_output_scale=[ys], ort_zp_shift=ctx.ort_zp_shift)
         return emit("avg_pool2d", root, [x], attrs, pool)
+
+
+def _with_include_pad(m, include_pad: int):
+    """An _averaging match with its count_include_pad appended (a Fail passes through)."""
+    return m if isinstance(m, Fail) else m + (include_pad,)
 
 
 def _averaging(ctx: Ctx, root: Root, op, x_f, what: str, pad, kernel):
