@@ -2,7 +2,7 @@
 (cold cache, warm cache) and of ``run``, side by side with the reference tool's style (every
 layer compiled by IREE for every executor), measured on a few layers and extrapolated.
 
-    PYTHONPATH=src python benchmarks/discover_speed.py [--hw 224] [--format hybrid] [--sample 3]
+    PYTHONPATH=src python benchmarks/discover_speed.py [--hw 224] [--format hybrid] [--sample 3] [--jobs 1]
 
 Prints seconds and the ratio reference-style / ours. Uses a fresh cache folder per run.
 """
@@ -15,11 +15,11 @@ import time
 from pathlib import Path
 
 
-def _discover(model: Path, out: Path, fmt: str):
+def _discover(model: Path, out: Path, fmt: str, jobs: int = 1):
     from torq.gen_config.discover import DiscoverOptions, run_discovery
     from torq.gen_config.options import QuantSettings
     opts = DiscoverOptions(model=model, output_dir=out, skip_mode=True,
-                           quant=QuantSettings(quantize=True, full_integer=True, quant_format=fmt))
+                           quant=QuantSettings(quantize=True, full_integer=True, quant_format=fmt), jobs=jobs)
     t0 = time.perf_counter()
     report, _ = run_discovery(opts)
     return time.perf_counter() - t0, report, opts
@@ -52,6 +52,7 @@ def main() -> None:
     ap.add_argument("--hw", type=int, default=224)
     ap.add_argument("--format", default="hybrid")
     ap.add_argument("--sample", type=int, default=3, help="layers timed for the reference-style estimate")
+    ap.add_argument("--jobs", type=int, default=1, help="discover --jobs (worker processes)")
     args = ap.parse_args()
     from torq.fileio import save_model
     from torq.gen_config.run import RunOptions, run_full
@@ -60,8 +61,8 @@ def main() -> None:
         tmp = Path(tmp)
         os.environ["TORQ_GEN_CONFIG_CACHE_DIR"] = str(tmp / "cache")
         model = save_model(resnet18(args.hw), tmp / "resnet18.onnx")
-        cold, report, opts = _discover(model, tmp, args.format)
-        warm, _, _ = _discover(model, tmp, args.format)
+        cold, report, opts = _discover(model, tmp, args.format, args.jobs)
+        warm, _, _ = _discover(model, tmp, args.format, args.jobs)
         t0 = time.perf_counter()
         report, _ = run_full(RunOptions(model, tmp, opts.quant))
         run_s = time.perf_counter() - t0
@@ -70,7 +71,7 @@ def main() -> None:
     m = report["full_model_metrics"]
     print(f"ResNet-18 ({args.hw}x{args.hw}, {args.format}, full-integer, skip-mode): {n} layers, "
           f"NSS {s['executor_counts']['nss']}, CSS {s['executor_counts']['css']}, HOST {s['executor_counts']['host']}")
-    print(f"discover cold  {cold:7.1f} s")
+    print(f"discover cold  {cold:7.1f} s   (--jobs {args.jobs})")
     print(f"discover warm  {warm:7.1f} s   (cold / warm = {cold / warm:.1f}x)")
     print(f"run            {run_s:7.1f} s   max |Δ| {m['max_abs_lsb']:g} LSB, passed={m['passed']}")
     print(f"reference style (3 IREE compiles per layer, {args.sample} layers extrapolated) {ref:7.1f} s   "

@@ -54,7 +54,6 @@ class SyntheticDataReader(CalibrationDataReader):
         self.reset()
 
     def reset(self) -> None:
-        self._rng = np.random.default_rng(self.seed)
         self._i = 0
 
     def rewind(self) -> None:  # ORT's name for the same idea
@@ -64,13 +63,34 @@ class SyntheticDataReader(CalibrationDataReader):
         if self._i >= self.num_samples:
             return None
         self._i += 1
-        sample = {}
-        for name, shape, dt in self.specs:
-            if dt.kind == "f":
-                sample[name] = (self._rng.random(shape).astype(dt) * 2.0 - 1.0).astype(dt)
-            else:
-                sample[name] = np.zeros(shape, dtype=dt)
-        return sample
+        arrays = _synthetic_sample([(shape, dt) for _, shape, dt in self.specs], self.seed, self._i - 1)
+        return {name: a for (name, _, _), a in zip(self.specs, arrays)}
+
+
+#: (shapes and dtypes, seed) -> (generator, samples drawn so far): every layer of a model with the
+#: same input shapes gets the same synthetic samples, so discover draws them once (read-only
+#: arrays; the oldest entries go beyond _DRAWN_MAX_BYTES).
+_DRAWN: dict = {}
+_DRAWN_MAX_BYTES = 256 << 20
+
+
+def _synthetic_sample(specs: list, seed: int, i: int) -> list[np.ndarray]:
+    """Sample `i` of the deterministic sequence for these input shapes: the i-th draw of
+    ``default_rng(seed)`` (uniform [-1, 1) floats, zeros for integer/bool inputs)."""
+    key = (tuple((tuple(shape), dt.str) for shape, dt in specs), seed)
+    rng, drawn = _DRAWN.pop(key, None) or (np.random.default_rng(seed), [])
+    _DRAWN[key] = (rng, drawn)          # most recently used last
+    while len(drawn) <= i:
+        sample = []
+        for shape, dt in specs:
+            a = (rng.random(shape).astype(dt) * 2.0 - 1.0).astype(dt) if dt.kind == "f" \
+                else np.zeros(shape, dtype=dt)
+            a.flags.writeable = False
+            sample.append(a)
+        drawn.append(sample)
+    while len(_DRAWN) > 1 and sum(a.nbytes for _, d in _DRAWN.values() for s in d for a in s) > _DRAWN_MAX_BYTES:
+        del _DRAWN[next(iter(_DRAWN))]
+    return drawn[i]
 
 
 class ArrayDataReader(CalibrationDataReader):
