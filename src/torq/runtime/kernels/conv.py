@@ -220,21 +220,30 @@ def _depthwise(x, w64, pads, pad_value, c, mx, mw, stride, dilation, OH, OW, mul
     bound = KH * KW * mx * mw
     dtype = np.float32 if bound <= _F24 else (np.float64 if bound < _F53 else np.int64)
     xp = _padded(x, pads, pad_value, c, dtype)
+    sw = stride[1]
+    if sw > 1:      # column phases xq[b][..., k] = xp[..., k*sw + b]: every row read is unit-stride
+        Wq = -(-xp.shape[3] // sw)
+        xq = np.zeros((sw,) + xp.shape[:3] + (Wq,), dtype=dtype)
+        for b in range(sw):
+            ph = xp[..., b::sw]
+            xq[b, ..., :ph.shape[3]] = ph
+    else:
+        xq = xp[None]
     out = np.empty((x.shape[0], O, OH, OW), dtype=dtype)
-    _depthwise_loop(xp, w64.reshape(O, KH, KW).astype(dtype), stride[0], stride[1],
+    _depthwise_loop(xq, w64.reshape(O, KH, KW).astype(dtype), stride[0], sw,
                     dilation[0], dilation[1], mult, out)
     return out
 
 
 @jit
-def _depthwise_loop(xp, w, sh, sw, dh, dw, mult, out):
-    """out[n, o, r, q] = Σ_ij w[o, i, j] * xp[n, o // mult, r*sh + i*dh, q*sw + j*dw]: one output
-    plane at a time (it stays in cache), the innermost loop along a row."""
+def _depthwise_loop(xq, w, sh, sw, dh, dw, mult, out):
+    """out[n, o, r, q] = Σ_ij w[o, i, j] * xpad[n, o // mult, r*sh + i*dh, q*sw + j*dw], with
+    xq[b][..., k] = xpad[..., k*sw + b] (the column phases): one output plane at a time (it stays
+    in cache), the innermost loop along a unit-stride row view (it vectorises)."""
     N, O, OH, OW = out.shape
     KH, KW = w.shape[1], w.shape[2]
     for n in range(N):
         for o in range(O):
-            src = xp[n, o // mult]
             dst = out[n, o]
             dst[:, :] = 0
             for i in range(KH):
@@ -242,17 +251,13 @@ def _depthwise_loop(xp, w, sh, sw, dh, dw, mult, out):
                     wv = w[o, i, j]
                     if wv == 0:
                         continue
-                    base = j * dw
+                    src = xq[(j * dw) % sw, n, o // mult]
+                    k0 = (j * dw) // sw
                     for r in range(OH):
                         d = dst[r]
-                        if sw == 1:         # a unit-stride row view: the loop vectorises
-                            seg = src[r * sh + i * dh, base:base + OW]
-                            for q in range(OW):
-                                d[q] += wv * seg[q]
-                        else:
-                            row = src[r * sh + i * dh]
-                            for q in range(OW):
-                                d[q] += wv * row[base + q * sw]
+                        seg = src[r * sh + i * dh, k0:k0 + OW]
+                        for q in range(OW):
+                            d[q] += wv * seg[q]
 
 
 def _padded(x: np.ndarray, pads, value: int, c: int, dtype) -> np.ndarray:
