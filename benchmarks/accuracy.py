@@ -16,7 +16,6 @@ side by side. --json writes {"<row>": {"images", "fp32", "int8_ort", "int8_nss",
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 

@@ -27,7 +27,6 @@ def _discover(model: Path, out: Path, fmt: str, jobs: int = 1):
 
 def _reference_style(model: Path, fmt: str, sample: int) -> tuple[float, int]:
     """Per layer: quantize + import + IREE compile for nss/css/host (3 compiles) + run; extrapolate."""
-    from torq.gen_config import executors as X
     from torq.gen_config.layer_test import prepare
     from torq.gen_config.options import QuantSettings
     from torq.graph import extract_layers

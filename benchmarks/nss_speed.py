@@ -307,7 +307,7 @@ def main(argv=None) -> int:
     print(f"compile (torq.compile)        {t_compile:7.2f} s = ONNX load+import {tm['import_s']:.2f} s"
           f" + linalg {tm['linalg_s']:.2f} s + torq_hl {tm['torq_hl_s']:.2f} s + program {tm['program_s']:.2f} s")
     print(f"NSS kernel binding            {t_program:7.2f} s (first access of compiled.simulator)")
-    print(f"lowered to torq_hl: " + ", ".join(f"{k}×{v}" for k, v in sorted(compiled.report.lowered.items())))
+    print("lowered to torq_hl: " + ", ".join(f"{k}×{v}" for k, v in sorted(compiled.report.lowered.items())))
     for name, ks in kernels.items():
         print(f"{name + ' runs:':26s}{ks}")
 

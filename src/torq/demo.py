@@ -83,7 +83,7 @@ def run_step(opts) -> bool:
     print("[6] torq-gen-config run (whole model, executor segments, native rounding) vs ONNX Runtime:")
     report, _ = run_full(RunOptions(opts.model, opts.output_dir, opts.quant))
     m = report["full_model_metrics"]
-    segs = ", ".join(f"{s['executor']}×{s['layers']}" for s in m["segments"])
+    segs = ", ".join(f"{s['executor']} ({s['layers']} layers)" for s in m["segments"])
     print(f"    segments: {segs}; "
           f"max |Δ| {m['max_abs_lsb']:g} LSB (tolerance ±{m['tolerance_lsb']:g}), "
           f"top-1 agreement {m.get('top1_agreement', 1):.0%}: {'PASS' if m['passed'] else 'FAIL'}")

@@ -7,6 +7,7 @@ import pytest
 
 from torq.compiler import importer
 from torq.compiler import linalg_view as L
+from torq.compiler import recognise as R
 from torq.compiler.lowering import func_ops
 
 HEAD = "#map = affine_map<(d0, d1) -> (d0, d1)>\n"
@@ -59,8 +60,8 @@ Q_BODY = """    %s = arith.constant 0.00276382663 : f32
 def test_as_dequant_reads_scale_and_zero_point():
     g, m = generic(DQ_BODY)
     with m.context:
-        d = L.as_dequant(g)
-        assert L.as_quant(g) is None
+        d = R.as_dequant(g)
+        assert R.as_quant(g) is None
     assert d.source_index == 0 and d.zp == 8 and d.scale == np.float32(0.00731242308)
 
 
@@ -68,15 +69,15 @@ def test_as_dequant_without_zero_point():
     body = DQ_BODY.replace("%6 = arith.subi %5, %c8 : i64\n", "").replace("arith.sitofp %6", "arith.sitofp %5")
     g, m = generic(body)
     with m.context:
-        d = L.as_dequant(g)
+        d = R.as_dequant(g)
     assert d.zp == 0 and d.scale == np.float32(0.00731242308)
 
 
 def test_as_quant_reads_scale_zero_point_and_bounds():
     g, m = generic(Q_BODY, ity="f32", oty="i8")
     with m.context:
-        q = L.as_quant(g)
-        assert L.as_dequant(g) is None
+        q = R.as_quant(g)
+        assert R.as_dequant(g) is None
     assert (q.source_index, q.zp, q.lo, q.hi, q.out_dtype) == (0, -128, -128, 127, np.int8)
     assert q.scale == np.float32(0.00276382663)
 
@@ -86,7 +87,7 @@ def test_as_quant_clamp_tightens_bounds():
                           "    %8 = arith.maximumf %7, %lo : f32")
     g, m = generic(body, ity="f32", oty="i8")
     with m.context:
-        q = L.as_quant(g)
+        q = R.as_quant(g)
     assert (q.lo, q.hi) == (-100, 127)
 
 
@@ -94,7 +95,7 @@ def test_as_quant_clamp_tightens_bounds():
 def test_as_quant_refuses_other_rounding(op):
     g, m = generic(Q_BODY.replace("math.roundeven", op), ity="f32", oty="i8")
     with m.context:
-        assert L.as_quant(g) is None
+        assert R.as_quant(g) is None
 
 
 CLAMP_MAXMIN = """    %lo = arith.constant 0.000000e+00 : f32
@@ -113,13 +114,13 @@ CLAMP_SELECT = """    %lo = arith.constant 0.000000e+00 : f32
 def test_as_clamp_in_both_spellings(body, want):
     g, m = generic(body, ity="f32", oty="f32")
     with m.context:
-        assert L.as_clamp(g) == want
+        assert R.as_clamp(g) == want
 
 
 def test_as_clamp_refuses_a_non_clamp():
     g, m = generic(CLAMP_MAXMIN.replace("arith.minimumf", "arith.addf"), ity="f32", oty="f32")
     with m.context:
-        assert L.as_clamp(g) is None
+        assert R.as_clamp(g) is None
 
 
 def test_as_scalar_op_reads_the_constant():
@@ -128,6 +129,6 @@ def test_as_scalar_op_reads_the_constant():
     linalg.yield %5 : f32"""
     g, m = generic(body, ity="f32", oty="f32")
     with m.context:
-        idx, c = L.as_scalar_op(g, "arith.divf")
-        assert L.as_scalar_op(g, "arith.mulf") is None
+        idx, c = R.as_scalar_op(g, "arith.divf")
+        assert R.as_scalar_op(g, "arith.mulf") is None
     assert idx == 0 and float(np.asarray(c)) == 9.0

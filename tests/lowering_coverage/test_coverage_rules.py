@@ -97,7 +97,7 @@ def test_standalone_batchnorm(data, per_channel):
              "bm": rng.normal(0, 0.3, 2 * c), "bv": rng.uniform(0.3, 2, 2 * c)}
     c_out = _check(_sandwich(rng, c, hw, nodes, inits, out_c=2 * c), hw, "qdq", per_channel, "table",
                    int(rng.integers(1000)))
-    assert any(f"table = array<i64: " in ln and ln.count(",") >= 2 * c * 256 - 1
+    assert any("table = array<i64: " in ln and ln.count(",") >= 2 * c * 256 - 1
                for ln in c_out.ir("torq_hl").splitlines()), "expected one 256-entry table per channel"
 
 

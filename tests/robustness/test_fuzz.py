@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 
 import numpy as np
-import onnx
 import pytest
 
 from robustness.fuzz import int8_seeds, judge, mutate, run_cli, seeds

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import linalg_view as L
+from . import recognise as R
 from .patterns import conv, data_movement, elementwise, fully_connected, pooling, table
 from .patterns.common import Ctx, Fail
 from .patterns.quant_fallback import DequantizeFallback, QuantizeFallback
@@ -102,7 +103,7 @@ def _lower(module, ctx: Ctx) -> LoweringReport:
                 _replace(root.op, QuantizeFallback().rewrite(ctx, root, m))
             continue
         g = ctx.generic(op)
-        d = L.as_dequant(g) if g is not None else None
+        d = R.as_dequant(g) if g is not None else None
         if d is not None and L.np_dtype(g.inputs[d.source_index].type) in (np.int8, np.uint8):
             try:
                 _replace(op, DequantizeFallback().rewrite(ctx, g))

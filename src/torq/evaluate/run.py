@@ -16,7 +16,7 @@ from onnxruntime.quantization import CalibrationDataReader
 from ..errors import TorqError
 from . import metrics
 from .datasets import Dataset, load_dataset
-from .engines import NssEngine, OrtEngine, quantize_input
+from .engines import OrtEngine, quantize_input
 from .preprocess import Preprocess, parse_preprocess
 from .result import EvalResult
 

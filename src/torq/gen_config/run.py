@@ -237,7 +237,7 @@ def cmd_run(args) -> int:
     if "quantization" not in report:
         print("run: note: the report has no quantization fingerprint (reference tool JSON); flags not checked")
     m = report["full_model_metrics"]
-    segs = ", ".join(f"{s['executor']}×{s['layers']} ({s['runtime_ms']:.1f} ms)" for s in m["segments"])
+    segs = ", ".join(f"{s['executor']} ({s['layers']} layers, {s['runtime_ms']:.1f} ms)" for s in m["segments"])
     print(f"run: {len(m['segments'])} segment(s): {segs}")
     for name, o in m["outputs"].items():
         print(f"  output {name}: max |Δ| {o['max_abs_lsb']:g} LSB, {o['differing']}/{o['size']} differ")

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import linalg_view as L
+from .. import recognise as R
 from .. import torq_hl
 
 
@@ -31,7 +32,7 @@ class Root:
     Clamps right before the quantize (an unfused Relu / Clip) are folded into q.lo / q.hi:
     Q is monotone, so Q(min(max(v, lo), hi)) == clamp(Q(v), Q(lo), Q(hi)) exactly."""
     op: object
-    q: L.Q
+    q: R.Q
     value: object
     clamps: tuple = ()          # the folded clamp generics (their ops)
 
@@ -66,7 +67,7 @@ class Ctx:
             if len(ints) < 1:
                 return None
             g = L.Generic(op, self.folder, force_var=(ints[0],))
-        d = L.as_dequant(g)
+        d = R.as_dequant(g)
         if d is None:
             return None
         return g.inputs[d.source_index], d.scale, d.zp
@@ -75,13 +76,13 @@ class Ctx:
         g = self.generic(op)
         if g is None:
             return None
-        q = L.as_quant(g)
+        q = R.as_quant(g)
         if q is None:
             return None
         value, clamps = g.inputs[q.source_index], []
         while True:
             c = self.generic(L.producer(value))
-            bounds = L.as_clamp(c) if c is not None else None
+            bounds = R.as_clamp(c) if c is not None else None
             if bounds is None or np.ndim(q.scale) or L.shape_of(c.inputs[c.var_inputs[0]]) != L.shape_of(value):
                 break
             for bound, is_lo in ((bounds[0], True), (bounds[1], False)):
@@ -126,7 +127,7 @@ class Ctx:
         op = L.producer(value)
         g = self.generic(op)
         if g is not None:
-            q = L.as_quant(g)
+            q = R.as_quant(g)
             if q is not None:
                 inner = self.int_const_of_dequant(g.inputs[q.source_index])
                 if inner is not None and np.all(np.asarray(inner[2]) == 0):

@@ -20,6 +20,7 @@ import numpy as np
 
 from ... import numerics
 from .. import linalg_view as L
+from .. import recognise as R
 from .common import Ctx, Fail, Root, constant, emit, folded_bias, int32_or_fail, pad_constant, scalar, strip_pad
 
 
@@ -52,7 +53,7 @@ def _per_tensor(ctx: Ctx, root: Root):
     g = ctx.generic(L.producer(root.value))
     if g is None:
         return None
-    d = L.as_dequant(g)
+    d = R.as_dequant(g)
     if d is None or np.any(np.asarray(d.zp) != 0):
         return None
     acc = g.inputs[d.source_index]
@@ -161,8 +162,8 @@ def _per_channel(ctx: Ctx, root: Root):
         return ctx.fail(conv, "weights are not dequantized constants")
     w, ws, w_zp = wq
     O = w.shape[0]
-    ws = L.channel_vector(ws, 0, O, np.float32)
-    w_zp_v = L.channel_vector(w_zp, 0, O, np.int64)
+    ws = R.channel_vector(ws, 0, O, np.float32)
+    w_zp_v = R.channel_vector(w_zp, 0, O, np.int64)
     if ws is None or w_zp_v is None or np.any(w_zp_v != w_zp_v[0]):
         return ctx.fail(conv, "weight scale/zero point must be per-tensor or per-output-channel (equal zero points)")
     if depthwise:
@@ -177,11 +178,11 @@ def _per_channel(ctx: Ctx, root: Root):
         bq = ctx.int_const_of_dequant(bop.operands[0])
         if bq is None:
             return ctx.fail(conv, "bias is not a dequantized int32 constant")
-        bias = bq[0].astype(np.int64).reshape(O) - L.channel_vector(bq[2], 0, O, np.int64)
+        bias = bq[0].astype(np.int64).reshape(O) - R.channel_vector(bq[2], 0, O, np.int64)
         fail = int32_or_fail(ctx, conv, "bias − bias zero point", bias)
         if fail is not None:
             return fail
-        bscale = L.channel_vector(bq[1], 0, O, np.float32)
+        bscale = R.channel_vector(bq[1], 0, O, np.float32)
         expect = numerics.dq_scale(scalar(xs, "input scale"), ws)
         if not np.allclose(bscale, expect, rtol=1e-6, atol=0):
             return ctx.fail(conv, "bias scale is not input_scale x weight_scale")

@@ -14,6 +14,7 @@ import numpy as np
 
 from ... import numerics
 from .. import linalg_view as L
+from .. import recognise as R
 from .common import Ctx, Root, emit, scalar
 
 
@@ -36,7 +37,7 @@ class QBinary:
         consts = tuple(g.consts)
         if len(g.var_inputs) == 1 and len(consts) == 1:   # x op DQ(integer constant): a quantized weight
             g = L.Generic(op, ctx.folder, force_var=consts)
-        pair = L.as_binary(g, self.arith)
+        pair = R.as_binary(g, self.arith)
         if pair is None:
             return None
         da, db = (ctx.dequant(g.inputs[i], of_constant=i in consts) for i in pair)

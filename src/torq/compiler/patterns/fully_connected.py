@@ -15,6 +15,7 @@ import numpy as np
 
 from ... import numerics
 from .. import linalg_view as L
+from .. import recognise as R
 from .. import torq_hl
 from .common import Ctx, Fail, Root, constant, emit, empty, folded_bias, scalar
 
@@ -35,7 +36,7 @@ def _bias_add(ctx: Ctx, value):
     g = ctx.generic(L.producer(value))
     if g is None:
         return value, None, None
-    hit = L.as_scalar_op(g, "arith.addf")
+    hit = R.as_scalar_op(g, "arith.addf")
     if hit is None or len(g.consts) != 1:
         return value, None, None
     (ci,) = g.consts
@@ -80,7 +81,7 @@ class QFullyConnected:
         g = ctx.generic(L.producer(v))
         mm = _unexpanded(L.producer(v))
         if g is not None:
-            d = L.as_dequant(g)
+            d = R.as_dequant(g)
             if d is None or np.any(np.asarray(d.zp) != 0):
                 return None
             mm = _unexpanded(L.producer(g.inputs[d.source_index]))
@@ -111,8 +112,8 @@ class QFullyConnected:
             w, ws, w_zp = wq
             axis = 0 if transposed else 1
             O = w.shape[axis]
-            ws = L.channel_vector(ws, axis, O, np.float32)
-            w_zp_v = L.channel_vector(w_zp, axis, O, np.int64)
+            ws = R.channel_vector(ws, axis, O, np.float32)
+            w_zp_v = R.channel_vector(w_zp, axis, O, np.int64)
             if ws is None or np.any(w_zp_v != w_zp_v[0]):
                 return ctx.fail(mm, "weight scale/zero point must be per-tensor or per-output-channel")
             w = w if transposed else w.T

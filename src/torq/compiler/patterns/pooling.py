@@ -19,6 +19,7 @@ import numpy as np
 
 from ... import numerics
 from .. import linalg_view as L
+from .. import recognise as R
 from .common import Ctx, Fail, Root, emit, lookup_table, pad_constant, scalar, strip_pad
 
 
@@ -79,7 +80,7 @@ class QAvgPool:
     def match(self, ctx: Ctx, root: Root):
         div = L.producer(root.value)
         g = ctx.generic(div)
-        hit = L.as_scalar_op(g, "arith.divf") if g is not None else None
+        hit = R.as_scalar_op(g, "arith.divf") if g is not None else None
         if hit is not None:
             pool, count = L.producer(g.inputs[hit[0]]), np.asarray(hit[1]).ravel()
         elif _per_position_divisor(g):   # count_include_pad=0: the divisor is built from linalg.index

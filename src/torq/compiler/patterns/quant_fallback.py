@@ -14,7 +14,7 @@ from __future__ import annotations
 
 
 from ... import numerics
-from .. import linalg_view as L
+from .. import recognise as R
 from .. import torq_hl
 from .common import Ctx, Root, empty, scalar
 
@@ -79,7 +79,7 @@ class DequantizeFallback:
 
     def rewrite(self, ctx: Ctx, g) -> object:
         from torch_mlir import ir
-        d = L.as_dequant(g)
+        d = R.as_dequant(g)
         scale, zp = float(scalar(d.scale, "scale")), int(scalar(d.zp, "zero point"))
         op = g.op
         ip, loc = ir.InsertionPoint(op), op.location

@@ -16,11 +16,12 @@ from __future__ import annotations
 import numpy as np
 
 from .. import linalg_view as L
+from .. import recognise as R
 from .common import Ctx, Root, emit
 
 
 def _same_params(dq, root) -> bool:
-    d = L.as_dequant(dq)
+    d = R.as_dequant(dq)
     return np.ndim(d.scale) == 0 and d.scale == root.q.scale and d.zp == root.q.zp
 
 
@@ -64,7 +65,7 @@ def _dag(ctx: Ctx, value):
         if L.id_of(op) in seen:
             return True
         seen.add(L.id_of(op))
-        d = L.as_dequant(g)
+        d = R.as_dequant(g)
         if d is not None and np.size(d.scale) == 1 and np.size(d.zp) == 1:
             leaves.append(g)
             return _elementwise_input(g, d.source_index, shape)
@@ -77,7 +78,7 @@ def _dag(ctx: Ctx, value):
 
     if not visit(value) or len(leaves) != 1:
         return None
-    return leaves[0], order, leaves[0].inputs[L.as_dequant(leaves[0]).source_index]
+    return leaves[0], order, leaves[0].inputs[R.as_dequant(leaves[0]).source_index]
 
 
 def _int8_pre_ops(ctx: Ctx, value):
@@ -85,7 +86,7 @@ def _int8_pre_ops(ctx: Ctx, value):
     pre = []
     while L.np_dtype(value.type) is np.int8:
         g = _pointwise(ctx, value)
-        if g is None or L.as_dequant(g) is not None \
+        if g is None or R.as_dequant(g) is not None \
                 or L.np_dtype(g.inputs[g.var_inputs[0]].type) is not np.int8:
             break
         pre.append(g)
