@@ -40,7 +40,7 @@ BLAS); if its bounds do not hold (wide inputs / weights) the GEMM path runs.
 Compiled loops stay single-threaded on purpose: BLAS already uses every core for the GEMMs,
 and its worker threads spin for a while after each call, so a second thread pool fights them
 (measured: a 2-thread numba Winograd transform made ResNet-18 7x slower on 2 vCPUs). For the
-same reason small GEMMs run on one BLAS thread (``blas.gemm_threads``).
+same reason small GEMMs run on one BLAS thread (``blas.gemm_threads``; not the batched Winograd GEMMs, which gain from every core).
 
 Depthwise convolutions are a compiled loop over output planes (a plane stays in cache), in
 float32 when KH*KW*max|x'|*max|w| < 2**24 (every partial sum exact), else float64/int64.
