@@ -29,9 +29,9 @@ def with_batch(model: onnx.ModelProto, batch: int) -> onnx.ModelProto:
 
 
 def quantize_input(x: np.ndarray, scale: float, zero_point: int) -> np.ndarray:
-    """``clip(round_half_even(x / scale) + zp, -128, 127)``: ONNX QuantizeLinear to int8."""
-    q = np.rint(x.astype(np.float32) / np.float32(scale)) + zero_point
-    return np.clip(q, -128, 127).astype(np.int8)
+    """ONNX QuantizeLinear to int8, ORT's recipe (``numerics.quantize_ort``)."""
+    from ..numerics import quantize_ort
+    return quantize_ort(x, np.float32(scale), int(zero_point), -128, 127).astype(np.int8)
 
 
 class OrtEngine:

@@ -51,21 +51,16 @@ def compare(ours: dict, ref: dict, fp_max_tol: float, lsb: dict | None = None) -
 
 def random_inputs(model, seed: int) -> dict[str, np.ndarray]:
     """The reference tool's layer inputs: floats uniform [-40, 40), integers over their full range."""
-    from onnx import helper
+    from ..quantize.calibration import input_specs
     rng = np.random.default_rng(seed)
-    inits = {t.name for t in model.graph.initializer}
     out = {}
-    for v in model.graph.input:
-        if v.name in inits:
-            continue
-        tt = v.type.tensor_type
-        shape = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else 1 for d in tt.shape.dim]
-        dt = np.dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type))
+    for name, dims, dt in input_specs(model):
+        shape = [d or 1 for d in dims]
         if np.issubdtype(dt, np.integer):
             info = np.iinfo(dt)
-            out[v.name] = rng.integers(info.min, int(info.max) + 1, shape, dtype=np.int64).astype(dt)
+            out[name] = rng.integers(info.min, int(info.max) + 1, shape, dtype=np.int64).astype(dt)
         elif dt == bool:
-            out[v.name] = rng.integers(0, 2, shape).astype(bool)
+            out[name] = rng.integers(0, 2, shape).astype(bool)
         else:
-            out[v.name] = rng.uniform(-40, 40, shape).astype(dt)
+            out[name] = rng.uniform(-40, 40, shape).astype(dt)
     return out
