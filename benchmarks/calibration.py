@@ -1,6 +1,8 @@
-"""Which calibration earns its keep: MinMax / Entropy / Percentile × per-tensor / per-channel.
+"""Which calibration earns its keep: MinMax / Entropy / Percentile × per-tensor / per-channel,
+with and without cross-layer equalization (CLE) and bias correction (BC).
 
     python benchmarks/calibration.py [--only effnet|fmnist|digits ...] [--limit N] [--json OUT]
+    python benchmarks/calibration.py --setting minmax:pc:cle:bc --setting minmax:pt:cle-skip
 
 For each benchmark model (benchmarks/models/build.py) and each setting, quantizes with the
 row's held-apart calibration images and measures FP32 vs INT8 top-1 on the evaluation images
@@ -29,10 +31,10 @@ def sweep(entry: dict, limit: int | None, num_calib: int, settings) -> dict:
     from torq.quantize import io_quant_params
     results = {}
     fp32_top1 = None
-    for per_channel, method, bias_correction in settings:
+    for per_channel, method, equalize, bias_correction in settings:
         opts = EvalOptions(preprocess=parse_preprocess(entry["preprocess"]), batch=64, limit=limit,
                            calibration=entry["calibration"], num_calib=num_calib, per_channel=per_channel,
-                           calibrate_method=method, bias_correction=bias_correction)
+                           calibrate_method=method, equalize=equalize, bias_correction=bias_correction)
         data, calib = split(load_dataset(entry["dataset"]), opts)
         fp32, q, name, shape, _ = prepare(entry["model"], data, calib, opts)
         qin = io_quant_params(q)["inputs"][name]
@@ -43,19 +45,28 @@ def sweep(entry: dict, limit: int | None, num_calib: int, settings) -> dict:
             hits[0] += np.sum(np.argmax(f(x), 1) == labels)
             hits[1] += np.sum(_top1(i8(quantize_input(x, qin["scale"], qin["zero_point"]))) == labels)
         fp32_top1 = hits[0] / len(data)
-        key = f"{method} {'per-channel' if per_channel else 'per-tensor'}{' +BC' if bias_correction else ''}"
+        key = f"{method} {'per-channel' if per_channel else 'per-tensor'}" + _suffix(equalize, bias_correction)
         results[key] = hits[1] / len(data)
         print(f"  {key}: {100 * hits[1] / len(data):.2f} (fp32 {100 * fp32_top1:.2f})", file=sys.stderr)
     return {"images": len(data), "fp32": fp32_top1, "int8_ort": results}
 
 
+def _suffix(equalize, bias_correction) -> str:
+    cle = {False: "", True: " +CLE", "skip": " +CLE(skip ReLU6)"}[equalize]
+    return cle + (" +BC" if bias_correction else "")
+
+
 def _settings(given):
+    """METHOD:pc|pt[:cle|:cle-skip][:bc] -> (per_channel, method, equalize, bias_correction)."""
     if not given:
-        return [(pc, m, False) for pc in (False, True) for m in METHODS]
+        return [(pc, m, False, False) for pc in (False, True) for m in METHODS]
     out = []
     for g in given:
-        parts = g.split(":")
-        out.append((parts[1] == "pc", parts[0], parts[2:] == ["bc"]))
+        method, granularity, *extra = g.split(":")
+        if granularity not in ("pc", "pt") or not set(extra) <= {"cle", "cle-skip", "bc"}:
+            raise SystemExit(f"calibration.py: error: --setting {g!r}: expected METHOD:pc|pt[:cle|:cle-skip][:bc]")
+        equalize = "skip" if "cle-skip" in extra else "cle" in extra
+        out.append((granularity == "pc", method, equalize, "bc" in extra))
     return out
 
 
@@ -70,8 +81,10 @@ def main() -> None:
     ap.add_argument("--limit", type=int)
     ap.add_argument("--num-calib", type=int, default=100)
     ap.add_argument("--json", metavar="OUT")
-    ap.add_argument("--setting", action="append", metavar="METHOD:pc|pt[:bc]",
-                    help="only these settings, e.g. percentile:pc:bc (default: all 3 methods × pt/pc)")
+    ap.add_argument("--setting", action="append", metavar="METHOD:pc|pt[:cle][:bc]",
+                    help="only these settings, e.g. minmax:pc:cle:bc (cle: cross-layer equalization, ReLU6 "
+                         "pairs bounded by calibration; cle-skip: ReLU6 pairs left alone; bc: bias correction; "
+                         "default: all 3 methods × pt/pc)")
     args = ap.parse_args()
     import onnxruntime as ort
     ort.set_default_logger_severity(3)

@@ -52,6 +52,10 @@ def register(sub) -> None:
     p.add_argument("--per-tensor", action="store_true", help="one weight scale per tensor (default per channel)")
     p.add_argument("--bias-correction", action="store_true",
                    help="correct Conv/Gemm biases for int8 weight rounding before quantizing (fp32 transform)")
+    p.add_argument("--equalize", action="store_true",
+                   help="cross-layer equalization before quantizing (fp32 transform: consecutive Conv → "
+                        "Relu/ReLU6 → Conv channels rescaled to equal weight ranges; ReLU6 channels only "
+                        "where the calibration images show the clip never cuts)")
     p.add_argument("--limit", type=int, metavar="N", help="evaluate only the first N images")
     p.add_argument("--batch", type=int, default=8, metavar="B", help="images per NSS call (default 8)")
     p.add_argument("--jobs", type=int, default=1, metavar="N", help="NSS worker processes (default 1)")
@@ -78,7 +82,7 @@ def run(args) -> int:
                        calibration=args.calibration_data, calibration_split=args.calibration_split,
                        num_calib=args.num_calib, per_channel=not args.per_tensor,
                        calibrate_method=args.calibrate_method.lower(),
-                       bias_correction=args.bias_correction, sqnr_images=args.sqnr_images,
+                       bias_correction=args.bias_correction, equalize=args.equalize, sqnr_images=args.sqnr_images,
                        jobs=args.jobs, ray=args.ray)
     result = evaluate(args.model, args.dataset, options=opts)
     print(result.markdown())

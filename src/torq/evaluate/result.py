@@ -32,7 +32,7 @@ class EvalResult:
         k = min(5, classes)
         settings = {"preprocess": opts.preprocess.describe(), "batch": opts.batch,
                     "per_channel": opts.per_channel, "calibrate_method": opts.calibrate_method,
-                    "bias_correction": opts.bias_correction,
+                    "bias_correction": opts.bias_correction, "equalize": opts.equalize,
                     "calibration": opts.calibration or f"split of {opts.calibration_split}",
                     "calibration_images": min(calib_images, opts.num_calib), "classes": classes}
         r = cls(str(model), data.name, data.labels.copy(), settings)

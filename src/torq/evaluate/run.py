@@ -34,6 +34,8 @@ class EvalOptions:
     per_channel: bool = True
     calibrate_method: str = "minmax"        # best mean INT8 top-1 drop over (a) and (b), README
     bias_correction: bool = False          # fp32 transform before quantizing (quantize.bias_correction)
+    equalize: bool | str = False           # cross-layer equalization first (quantize.equalize); True =
+                                           # ReLU6 pairs bounded by calibration, "skip" = leave them alone
     sqnr_images: int = 8                   # images used for the per-layer SQNR
     jobs: int = 1                          # NSS worker processes
     ray: str | bool | None = None          # Ray cluster address, True = a local instance
@@ -104,6 +106,10 @@ def prepare(model_path, data: Dataset, calib: Dataset, opts: EvalOptions):
     name, shape = input_shape(fp32)
     reader = DatasetReader(calib, opts.preprocess, shape, name, opts.num_calib)
     to_quantize, _ = zero_dead_channels(fp32)    # the FP32 path keeps the model as given
+    if opts.equalize:
+        from ..quantize.equalize import equalize
+        policy = opts.equalize if isinstance(opts.equalize, str) else "bounded"
+        to_quantize = equalize(to_quantize, reader, relu6=policy).model
     if opts.bias_correction:
         from ..quantize.bias_correction import correct_bias
         to_quantize = correct_bias(to_quantize, reader, per_channel=opts.per_channel)

@@ -93,6 +93,10 @@ def _add_quantize(sub) -> None:
                    help="number of calibration samples (synthetic, or the first N of the dataset; default 20)")
     q.add_argument("--calibration-data", metavar="PATH",
                    help=".npz keyed by input name, or a folder of <input>.npy files (first axis = samples)")
+    q.add_argument("--equalize", action="store_true",
+                   help="fold BatchNorm into the Convs, then cross-layer equalization (rescale consecutive "
+                        "Conv → Relu/ReLU6 → Conv channel pairs to equal weight ranges; exact on the "
+                        "calibration data) before quantizing")
     q.set_defaults(func=_cmd_quantize)
 
 
@@ -116,12 +120,12 @@ def _cmd_quantize(args) -> int:
         q = quantize(model, out, calibration_data=args.calibration_data, num_calib=args.num_calib,
                      per_channel=args.per_channel, full_integer=args.full_integer,
                      quant_format=args.quant_format, quant_dtype=args.quant_dtype,
-                     calibrate_method=args.calibrate_method)
+                     calibrate_method=args.calibrate_method, equalize=args.equalize)
     calib = f"{args.calibration_data} (first {args.num_calib})" if args.calibration_data \
         else f"synthetic x{args.num_calib}"
     settings = (f"{args.quant_dtype.upper()}, per-channel={args.per_channel}, "
                 f"full-integer={args.full_integer}, calibration={calib}, "
-                f"method={args.calibrate_method.lower()}")
+                f"method={args.calibrate_method.lower()}{', equalized' if args.equalize else ''}")
     print(f"{PROG} quantize: wrote {out}")
     for line in summary_lines(fp32, q, src_path=model, out_path=out, settings=settings):
         print("  " + line)

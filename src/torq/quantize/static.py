@@ -189,14 +189,17 @@ def quantize(model: str | os.PathLike | onnx.ModelProto, output: str | os.PathLi
              calibration_data_reader=None, calibration_data: str | os.PathLike | None = None,
              num_calib: int = 20, per_channel: bool = False, full_integer: bool = False,
              quant_format: str = "qdq", quant_dtype: str = "A8W8",
-             calibrate_method: str = "minmax", wrap_lone_ops: bool = False) -> onnx.ModelProto:
+             calibrate_method: str = "minmax", wrap_lone_ops: bool = False,
+             equalize: bool = False) -> onnx.ModelProto:
     """Statically quantize an fp32 ONNX model to int8 and return it (also written to ``output``).
 
     Calibration: ``calibration_data_reader`` (an ORT CalibrationDataReader, used as is), else
     ``calibration_data`` (.npz or folder of <input>.npy), else ``num_calib`` synthetic samples.
     ``full_integer`` turns the float graph I/O into int8 (see ``full_integer.py``).
     ``wrap_lone_ops``: when ORT quantizes nothing (a lone Relu, Flatten, ... layer), wrap the
-    model's float I/O in Q/DQ with calibrated ranges instead of refusing (``lone_ops.py``)."""
+    model's float I/O in Q/DQ with calibrated ranges instead of refusing (``lone_ops.py``).
+    ``equalize``: fold BatchNorm/Pad into the Convs, then cross-layer equalization on the
+    calibration data before quantizing (``equalize.py``)."""
     # Validate every flag before the (slow) model work so a typo fails fast.
     activation_type, weight_type = parse_quant_dtype(quant_dtype)
     method = parse_calibrate_method(calibrate_method)
@@ -210,6 +213,10 @@ def quantize(model: str | os.PathLike | onnx.ModelProto, output: str | os.PathLi
     fmt = resolve_format(src, quant_format)
     reader = make_reader(src, calibration_data_reader=calibration_data_reader,
                          calibration_data=calibration_data, num_calib=num_calib)
+    if equalize:
+        from .equalize import equalize as cross_layer_equalize
+        from .fold import fold_fp32
+        src = cross_layer_equalize(fold_fp32(src), reader).model
     with tempfile.TemporaryDirectory(prefix="torq-quant-") as tmp:
         tmp = Path(tmp)
         onnx.save(src, str(tmp / "fp32.onnx"))
