@@ -36,7 +36,7 @@ def sweep(entry: dict, limit: int | None, num_calib: int, settings) -> dict:
                            calibration=entry["calibration"], num_calib=num_calib, per_channel=per_channel,
                            calibrate_method=method, equalize=equalize, bias_correction=bias_correction)
         data, calib = split(load_dataset(entry["dataset"]), opts)
-        fp32, q, name, shape, _ = prepare(entry["model"], data, calib, opts)
+        fp32, q, name, shape, _, _ = prepare(entry["model"], data, calib, opts)
         qin = io_quant_params(q)["inputs"][name]
         f, i8 = OrtEngine(fp32), OrtEngine(q)
         hits = np.zeros(2)

@@ -20,9 +20,6 @@ from .engines import OrtEngine, quantize_input
 from .preprocess import Preprocess, parse_preprocess
 from .result import EvalResult
 
-PATHS = ("fp32", "int8_ort", "int8_nss")
-
-
 @dataclass
 class EvalOptions:
     preprocess: Preprocess = field(default_factory=Preprocess)
@@ -36,6 +33,7 @@ class EvalOptions:
     bias_correction: bool = False          # fp32 transform before quantizing (quantize.bias_correction)
     equalize: bool | str = False           # cross-layer equalization first (quantize.equalize); True =
                                            # ReLU6 pairs bounded by calibration, "skip" = leave them alone
+    onnx_reference: bool = False           # also run the int8 model as its ONNX definition (ORT, unfused)
     sqnr_images: int = 8                   # images used for the per-layer SQNR
     jobs: int = 1                          # NSS worker processes
     ray: str | bool | None = None          # Ray cluster address, True = a local instance
@@ -97,7 +95,11 @@ def split(data: Dataset, opts: EvalOptions) -> tuple[Dataset, Dataset]:
 
 
 def prepare(model_path, data: Dataset, calib: Dataset, opts: EvalOptions):
-    """(fp32 model, full-integer int8 model, input name, per-image shape, classes)."""
+    """(fp32 model, full-integer int8 model, input name, per-image shape, classes, SQNR reference).
+
+    The SQNR reference is the fp32 model whose tensors line up with the int8 model's: the
+    equalized one when ``opts.equalize`` (same outputs, but channels inside equalized pairs are
+    rescaled), else the fp32 model itself."""
     from ..graph.load import load_model
     from ..quantize import quantize
     from ..quantize.dead_channels import zero_dead_channels
@@ -110,6 +112,7 @@ def prepare(model_path, data: Dataset, calib: Dataset, opts: EvalOptions):
         from ..quantize.equalize import equalize
         policy = opts.equalize if isinstance(opts.equalize, str) else "bounded"
         to_quantize = equalize(to_quantize, reader, relu6=policy).model
+    reference = to_quantize if opts.equalize else fp32
     if opts.bias_correction:
         from ..quantize.bias_correction import correct_bias
         to_quantize = correct_bias(to_quantize, reader, per_channel=opts.per_channel)
@@ -118,7 +121,7 @@ def prepare(model_path, data: Dataset, calib: Dataset, opts: EvalOptions):
     probe = OrtEngine(fp32)(opts.preprocess.batch([data.load(0)], shape, name))
     classes = int(np.prod(probe.shape[1:]))
     data.check_classes(classes)
-    return fp32, q, name, shape, classes
+    return fp32, q, name, shape, classes, reference
 
 
 def batches(data: Dataset, opts: EvalOptions, name: str, shape):
@@ -141,18 +144,21 @@ def evaluate(model, dataset, *, preprocess: str | Preprocess | None = None, opti
         raise TorqError(f"--batch {opts.batch} must be at least 1")
     data = dataset if isinstance(dataset, Dataset) else load_dataset(dataset)
     data, calib = split(data, opts)
-    fp32, q, name, shape, classes = prepare(model, data, calib, opts)
+    fp32, q, name, shape, classes, reference = prepare(model, data, calib, opts)
     qin = io_quant_params(q)["inputs"][name]
     result = EvalResult.start(model, data, opts, classes, len(calib))
-    _run_ort_paths(result, data, opts, fp32, q, name, shape, qin)
+    _run_ort_paths(result, data, opts, (fp32, reference), q, name, shape, qin)
     _run_nss_path(result, data, opts, q, name, shape, qin)
     result.finish()
     return result
 
 
-def _run_ort_paths(result, data, opts, fp32, q, name, shape, qin) -> None:
+def _run_ort_paths(result, data, opts, fp32_models, q, name, shape, qin) -> None:
+    fp32, reference = fp32_models
     engines = {"fp32": OrtEngine(fp32), "int8_ort": OrtEngine(q)}
-    sqnr = metrics.LayerSqnr(fp32, q) if opts.sqnr_images else None
+    if opts.onnx_reference:
+        engines["int8_onnx"] = OrtEngine(q, fused=False)
+    sqnr = metrics.LayerSqnr(reference, q) if opts.sqnr_images else None
     with result.progress("FP32 + INT8 (ORT)", len(data), opts.progress) as advance:
         for start, x in batches(data, opts, name, shape):
             xq = quantize_input(x, qin["scale"], qin["zero_point"])
