@@ -36,6 +36,7 @@ ROUNDS = 50                 # sweeps over all pairs; chains settle in a few
 SETTLED = 1e-6              # stop when no scale moves by more than this (relative)
 RTOL = 1e-3                 # equivalence: max |Δ output| ≤ RTOL · max |output| (+ float32 dust)
 CHECK_SAMPLES = 4           # calibration samples the equivalence check runs
+RELU6_HEADROOM = 1.0        # ReLU6 channels stay unclipped up to this × their calibrated peak
 
 
 @dataclass
@@ -237,16 +238,17 @@ def _sweep(model: onnx.ModelProto, pairs: list[Pair], maxima: dict[str, np.ndarr
             break
     for name, a in arrays.items():
         inits[name].CopyFrom(numpy_helper.from_array(a.astype(np.float32), name))
-    return sum(int(np.sum(peak > RELU6[1])) for peak in maxima.values())
+    return sum(int(np.sum(RELU6_HEADROOM * peak > RELU6[1])) for peak in maxima.values())
 
 
 def _bound_relu6(s: np.ndarray, total: np.ndarray, peak: np.ndarray) -> np.ndarray:
     """Scales that keep clip(x/S, 0, 6)·S = clip(x, 0, 6) for the calibrated peak of x.
 
-    Cumulative scale S = total·s: a channel the clip cuts (peak > 6) keeps S = 1; any other
-    needs peak / S ≤ 6, i.e. S ≥ peak / 6."""
-    cut = peak > RELU6[1]
-    floor = np.maximum(peak, 0.0) / RELU6[1]
+    Cumulative scale S = total·s: a channel the clip cuts (headroom × peak > 6) keeps S = 1; any
+    other needs headroom × peak / S ≤ 6, i.e. S ≥ headroom × peak / 6."""
+    reach = RELU6_HEADROOM * np.maximum(peak, 0.0)
+    cut = reach > RELU6[1]
+    floor = reach / RELU6[1]
     s = np.where(total * s < floor, floor / total, s)
     return np.where(cut, 1.0, s)
 
