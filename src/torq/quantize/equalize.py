@@ -189,7 +189,8 @@ def scale_pair(w1, b1, w2, groups2: int, s: np.ndarray) -> None:
 # ----------------------------------------------------------------------------- the transform
 
 def equalize(model: onnx.ModelProto, reader=None, *, relu6: str = "bounded", check: bool = True) -> Equalized:
-    """Cross-layer-equalize a copy of the fp32 ``model`` (BatchNorm already folded into Conv).
+    """Cross-layer-equalize a copy of the fp32 ``model`` (BatchNorm already folded into Conv, and
+    dead channels zeroed by ``dead_channels``: a 1e-8 channel would be scaled up 1e4, bias too).
 
     ``reader``: calibration samples (an ORT CalibrationDataReader); they bound ReLU6 pairs and
     feed the equivalence check (without one, ReLU6 pairs are skipped and the check runs on

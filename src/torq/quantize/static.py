@@ -198,8 +198,8 @@ def quantize(model: str | os.PathLike | onnx.ModelProto, output: str | os.PathLi
     ``full_integer`` turns the float graph I/O into int8 (see ``full_integer.py``).
     ``wrap_lone_ops``: when ORT quantizes nothing (a lone Relu, Flatten, ... layer), wrap the
     model's float I/O in Q/DQ with calibrated ranges instead of refusing (``lone_ops.py``).
-    ``equalize``: fold BatchNorm/Pad into the Convs, then cross-layer equalization on the
-    calibration data before quantizing (``equalize.py``)."""
+    ``equalize``: fold BatchNorm/Pad into the Convs, zero dead channels, then cross-layer
+    equalization on the calibration data before quantizing (``equalize.py``)."""
     # Validate every flag before the (slow) model work so a typo fails fast.
     activation_type, weight_type = parse_quant_dtype(quant_dtype)
     method = parse_calibrate_method(calibrate_method)
@@ -213,10 +213,11 @@ def quantize(model: str | os.PathLike | onnx.ModelProto, output: str | os.PathLi
     fmt = resolve_format(src, quant_format)
     reader = make_reader(src, calibration_data_reader=calibration_data_reader,
                          calibration_data=calibration_data, num_calib=num_calib)
-    if equalize:
+    if equalize:      # BN folded first (else no Conv → Conv pairs); BN dust zeroed (see dead_channels)
+        from .dead_channels import zero_dead_channels
         from .equalize import equalize as cross_layer_equalize
         from .fold import fold_fp32
-        src = cross_layer_equalize(fold_fp32(src), reader).model
+        src = cross_layer_equalize(zero_dead_channels(fold_fp32(src))[0], reader).model
     with tempfile.TemporaryDirectory(prefix="torq-quant-") as tmp:
         tmp = Path(tmp)
         onnx.save(src, str(tmp / "fp32.onnx"))
