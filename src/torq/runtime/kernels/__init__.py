@@ -54,6 +54,7 @@ from __future__ import annotations
 from .conv import ConvPlan, conv2d_acc
 from .gemm import AccParts, FcPlan, conv_out_size, fc_acc
 from .pool import maxpool, pool_sum
+from . import depthwise
 from .tables import BYTE_TYPES, byte_grid, pair_lookup
 
 __all__ = ["conv_out_size", "conv2d_acc", "fc_acc", "pool_sum", "maxpool", "ConvPlan", "FcPlan",

@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 
 from ...numerics.loops import jit, pair
-from .gemm import _F24, _F53, AccParts, _acc_dtype, _centre, _gemm, _pads, _range, _Weights, conv_out_size
+from .depthwise import depthwise_acc
+from .gemm import AccParts, _acc_dtype, _centre, _gemm, _pads, _range, _Weights, conv_out_size
 from .winograd import _Winograd
 
 _COLS_BUDGET = 1 << 22      # elements of the column buffer per block (16 MiB in float32)
 _WIDE_MAX_WASTE = 0.05      # use "wide" columns when the junk columns are at most this fraction
-_DW_BLOCK = 2048            # depthwise output elements accumulated at a time (8 KiB float32)
 _WINO_MIN_TILES = 32        # Winograd F(2x2, 3x3) when there are at least this many 2x2 tiles
 
 
@@ -124,7 +124,7 @@ class ConvPlan:
         bound = raw * self.row_abs_max + self.bias_max
         acc_bound = mx * self.row_abs_max
         if self.depthwise:
-            acc = _depthwise(x, self.w64, self.pads, self.pad_value, c, mx, self.wmax,
+            acc = depthwise_acc(x, self.w64, self.pads, self.pad_value, c, mx, self.wmax,
                              self.stride, self.dilation, OH, OW, O // C)
             return AccParts(acc, extra, acc_bound, bound)
         if self._wino_ok and ((OH + 1) // 2) * ((OW + 1) // 2) >= _WINO_MIN_TILES:
@@ -212,81 +212,3 @@ def conv2d_acc(x, w, bias=None, pad_lrtb=(0, 0, 0, 0), pad_value: int = 0, strid
     if x.ndim != 4 or w.ndim != 4:
         raise ValueError("conv2d_acc expects x [N,C,H,W] and w [O,C/g,KH,KW]")
     return ConvPlan(w, bias, pad_lrtb, pad_value, stride, dilation, groups)(x)
-
-
-def _depthwise(x, w64, pads, pad_value, c, mx, mw, stride, dilation, OH, OW, mult):
-    """Depthwise accumulator without bias [N, O, OH, OW] of (x - c) (pad: value - c), in float32
-    when every partial sum is below 2**24 (exact), else float64 / int64.
-
-    The result is a column window of a "wide" [N, O, OH, Wq] array (Wq - OW junk columns per
-    row, never read): every tap is then one contiguous run over the flattened plane."""
-    O, _, KH, KW = w64.shape
-    bound = KH * KW * mx * mw
-    dtype = np.float32 if bound <= _F24 else (np.float64 if bound < _F53 else np.int64)
-    (sh, sw), (dh, dw) = stride, dilation
-    pl, pr, pt, pb = pads
-    mri, mrj = (KH - 1) * dh // sh, (KW - 1) * dw // sw
-    Wq = OW + mrj
-    Hq = OH + mri + (1 if mrj else 0)           # a slack row for the last row's junk columns
-    out = np.empty((x.shape[0], O, OH, Wq), dtype=dtype)
-    scratch = np.empty((sh * sw, Hq * Wq), dtype=dtype)
-    fill = pad_value - c if any(pads) else 0
-    _depthwise_loop(np.ascontiguousarray(x), w64.reshape(O, KH, KW).astype(dtype), int(c), fill,
-                    pt, pl, sh, sw, dh, dw, mult, scratch, out)
-    return out[..., :OW] if Wq != OW else out
-
-
-@jit
-def _depthwise_loop(x, w, c, fill, pt, pl, sh, sw, dh, dw, mult, ph, out):
-    """out[n, o, r, q] = Σ_ij w[o, i, j] * (xpad[n, o // mult, r*sh + i*dh, q*sw + j*dw] - c) for
-    the wide output out [N, O, OH, Wq]. Per input plane its stride phases are built once in
-    ``ph`` (ph[a*sw + b, r*Wq + q] = xpad[r*sh + a, q*sw + b] - c, ``fill`` outside the image;
-    in cache), then every tap adds one contiguous run of a phase to the flattened output plane
-    (it vectorises, whatever the plane's width)."""
-    N, O, OH, Wq = out.shape
-    H, W = x.shape[2], x.shape[3]
-    KH, KW = w.shape[1], w.shape[2]
-    Hq = ph.shape[1] // Wq
-    L = OH * Wq
-    for n in range(N):
-        for o in range(O):
-            if o % mult == 0:
-                for a in range(sh):
-                    for b in range(sw):
-                        dst = ph[a * sw + b]
-                        q0 = min(Wq, max(0, -((b - pl) // sw)))          # first q*sw + b - pl >= 0
-                        q1 = min(Wq, max(q0, -((b - pl - W) // sw)))     # first q*sw + b - pl >= W
-                        for r in range(Hq):
-                            y = r * sh + a - pt
-                            d = dst[r * Wq:(r + 1) * Wq]
-                            if y < 0 or y >= H:
-                                d[:] = fill
-                                continue
-                            d[:q0] = fill
-                            d[q1:] = fill
-                            src = x[n, o // mult, y, q0 * sw + b - pl:]
-                            if sw == 1:                  # constant strides: the copies vectorise
-                                for q in range(q1 - q0):
-                                    d[q0 + q] = src[q] - c
-                            elif sw == 2:
-                                for q in range(q1 - q0):
-                                    d[q0 + q] = src[2 * q] - c
-                            else:
-                                for q in range(q1 - q0):
-                                    d[q0 + q] = src[q * sw] - c
-            plane = out[n, o].reshape(L)
-            for k0 in range(0, L, _DW_BLOCK):            # a block of the plane stays in L1
-                k1 = min(L, k0 + _DW_BLOCK)
-                acc = plane[k0:k1]
-                acc[:] = 0
-                for i in range(KH):
-                    ri, a = divmod(i * dh, sh)
-                    for j in range(KW):
-                        wv = w[o, i, j]
-                        if wv == 0:
-                            continue
-                        rj, b = divmod(j * dw, sw)
-                        off = k0 + ri * Wq + rj
-                        src = ph[a * sw + b, off:off + k1 - k0]    # a slice: the loop vectorises
-                        for k in range(k1 - k0):
-                            acc[k] += wv * src[k]
