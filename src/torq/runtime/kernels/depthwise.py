@@ -127,13 +127,18 @@ def _channels_last_loop(x, w, c, fill, pt, pl, sh, sw, dh, dw, mult, xp, acc, ou
             for q in range(Wp):
                 if y < pt or y >= pt + H or q < pl or q >= pl + W:
                     xp[y, q, :] = fill
-        for ch in range(C):
-            for y in range(H):
-                row = x[n, ch, y]
-                for q in range(W):
-                    v = row[q] - c
-                    for m in range(mult):
-                        xp[pt + y, pl + q, ch * mult + m] = v
+        xt = x[n].reshape(C, H * W)
+        for y in range(H):
+            for q in range(W):
+                dst = xp[pt + y, pl + q]                 # contiguous writes, column reads
+                col = xt[:, y * W + q]
+                if mult == 1:
+                    for ch in range(C):
+                        dst[ch] = col[ch] - c
+                else:
+                    for ch in range(C):
+                        for m in range(mult):
+                            dst[ch * mult + m] = col[ch] - c
         for r in range(OH):
             acc[:, :] = 0
             for i in range(KH):
