@@ -30,9 +30,10 @@ def depthwise_acc(x, w64, pads, pad_value, c, mx, mw, stride, dilation, OH, OW, 
     bound = KH * KW * mx * mw
     dtype = np.float32 if bound <= _F24 else (np.float64 if bound < _F53 else np.int64)
     x = np.ascontiguousarray(x)
-    fill = pad_value - c if any(pads) else 0
+    fill = dtype(pad_value - c if any(pads) else 0)
+    c = dtype(c)                     # x - c in the sum's type: the conversions vectorise
     if OW >= _PLANAR_MIN_WIDTH:
-        return _planar(x, w64.reshape(O, KH, KW).astype(dtype), int(c), fill, pads, stride, dilation,
+        return _planar(x, w64.reshape(O, KH, KW).astype(dtype), c, fill, pads, stride, dilation,
                        OH, OW, mult)
     (sh, sw), (dh, dw) = stride, dilation
     pl, pr, pt, pb = pads
@@ -42,7 +43,7 @@ def depthwise_acc(x, w64, pads, pad_value, c, mx, mw, stride, dilation, OH, OW, 
     acc = np.empty((OW, O), dtype=dtype)
     out = np.empty((N, O, OH, OW), dtype=dtype)
     wt = np.ascontiguousarray(w64.reshape(O, KH, KW).transpose(1, 2, 0), dtype=dtype)
-    _channels_last_loop(x, wt, int(c), fill, pt, pl, sh, sw, dh, dw, mult, xp, acc, out)
+    _channels_last_loop(x, wt, c, fill, pt, pl, sh, sw, dh, dw, mult, xp, acc, out)
     return out
 
 
@@ -85,15 +86,16 @@ def _planar_loop(x, w, c, fill, pt, pl, sh, sw, dh, dw, mult, ph, out):
                             d[:q0] = fill
                             d[q1:] = fill
                             src = x[n, o // mult, y, q0 * sw + b - pl:]
-                            if sw == 1:                  # constant strides: the copies vectorise
+                            dd = d[q0:q1]                # slices from 0, constant strides: vectorises
+                            if sw == 1:
                                 for q in range(q1 - q0):
-                                    d[q0 + q] = src[q] - c
+                                    dd[q] = src[q] - c
                             elif sw == 2:
                                 for q in range(q1 - q0):
-                                    d[q0 + q] = src[2 * q] - c
+                                    dd[q] = src[2 * q] - c
                             else:
                                 for q in range(q1 - q0):
-                                    d[q0 + q] = src[q * sw] - c
+                                    dd[q] = src[q * sw] - c
             plane = out[n, o].reshape(L)
             for k0 in range(0, L, _BLOCK):               # a block of the plane stays in L1
                 k1 = min(L, k0 + _BLOCK)
