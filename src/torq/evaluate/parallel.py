@@ -21,7 +21,7 @@ from ..errors import TorqError
 
 _ENGINES: dict = {}
 _WORKER: dict = {}              # in a --jobs worker: its engine, or the error compiling it
-_READY_TIMEOUT_S = 1800
+_READY_TIMEOUT_S = 600
 
 
 def _engine(model_bytes: bytes, batch: int):
