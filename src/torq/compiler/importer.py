@@ -26,10 +26,19 @@ import onnx
 from ..errors import TorqError, one_line
 
 TORCH_PIPELINE = "builtin.module(torch-onnx-to-torch-backend-pipeline)"
+# The same pipeline without its two shape-refinement rounds (torch-shape-refinement-pipeline:
+# reify a shape function per op, inline them all, simplify, drop), which are ~95 % of its time
+# (DenseNet-121: ~4 s of ~4.3 s) and refine nothing when ONNX shape inference already typed every
+# tensor statically. `cse` stands in for the inliner's canonicalisation that deduplicated
+# constants, so the torch stage and the linalg module come out as the full pipeline's.
+STATIC_TORCH_PIPELINE = ("builtin.module(func.func(convert-torch-onnx-to-torch{allow-non-finites=true},"
+                         "torch-decompose-complex-ops,canonicalize,cse,torch-scalarize-shapes,cse),"
+                         "torch-refine-public-return,func.func(canonicalize,torch-decompose-complex-ops,canonicalize))")
 LINALG_PIPELINE = "builtin.module(torch-backend-to-linalg-on-tensors-backend-pipeline)"
 CLEANUP_PIPELINE = "builtin.module(func.func(canonicalize,cse))"
 
 _OPERATOR_RE = re.compile(r'torch\.operator\s+"onnx\.([A-Za-z0-9_]+)"')
+_NOT_STATIC_RE = re.compile(r"!torch\.v?tensor(?!<\[[0-9,]*\],)")   # a tensor type without static shape + dtype
 
 
 def new_context():
@@ -233,7 +242,7 @@ def _lower(imported: ImportedModel, ctx, dump):
     module = parse(imported.text, ctx)
     if dump:
         dump("torch_onnx", module)
-    run_pipeline(module, TORCH_PIPELINE, "torch-onnx-to-torch lowering")
+    module = _to_torch(module, imported.text, ctx)
     if dump:
         dump("torch", module)
     run_pipeline(module, LINALG_PIPELINE, "torch-to-linalg lowering")
@@ -241,3 +250,35 @@ def _lower(imported: ImportedModel, ctx, dump):
     if dump:
         dump("linalg", module)
     return module
+
+
+def _to_torch(module, text: str, ctx):
+    """torch-onnx -> torch backend: STATIC_TORCH_PIPELINE when every tensor type of the imported
+    module (and of its result) is static, else the full pipeline on a fresh parse of `text`."""
+    if not _NOT_STATIC_RE.search(text):
+        try:
+            run_pipeline(module, STATIC_TORCH_PIPELINE, "torch-onnx-to-torch lowering")
+            if not _reads_unrefined(module):
+                return module
+        except TorqError:
+            pass           # the full pipeline says why, or refines what the short one could not
+        module = parse(text, ctx)
+    run_pipeline(module, TORCH_PIPELINE, "torch-onnx-to-torch lowering")
+    return module
+
+
+def _reads_unrefined(module) -> bool:
+    """Whether some op reads a tensor whose type is not static (decompositions create a few
+    unused ones, e.g. BatchNorm's `aten.empty.memory_format`; the linalg lowering drops those)."""
+    from torch_mlir import ir
+    found = []
+
+    def visit(op):
+        for r in op.results:
+            if _NOT_STATIC_RE.match(str(r.type)) and next(iter(r.uses), None) is not None:
+                found.append(op)
+                return ir.WalkResult.INTERRUPT
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+    return bool(found)

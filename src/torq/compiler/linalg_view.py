@@ -209,6 +209,7 @@ class Generic:
             else:
                 self.consts[i] = c
         self.block = op.regions[0].blocks[0]
+        self._tree = None       # built on first use: every recogniser reads the same tree
 
     def in_iteration_space(self, i, arr):
         """Input array re-laid on the iteration dims (missing dims as size-1 axes).
@@ -239,7 +240,12 @@ class Generic:
         return arr.reshape(shape)
 
     def tree(self):
-        """Expression tree of the yielded value with constant sub-expressions folded."""
+        """Expression tree of the yielded value with constant sub-expressions folded (memoised)."""
+        if self._tree is None:
+            self._tree = self._build_tree()
+        return self._tree
+
+    def _build_tree(self):
         memo = {}
         yield_op = list(self.block.operations)[-1]
 

@@ -53,7 +53,8 @@ def func_ops(module):
     return [op.operation for op in funcs[0].regions[0].blocks[0].operations]
 
 
-def _replace(old_op, new_op):
+def _replace(ctx: Ctx, old_op, new_op):
+    ctx.replaced(old_op.results[0])
     old_op.results[0].replace_all_uses_with(new_op.results[0])
 
 
@@ -91,22 +92,23 @@ def _lower(module, ctx: Ctx) -> LoweringReport:
             m = rule.match_op(ctx, op)
             if m is None or isinstance(m, Fail):
                 continue
-            _replace(op, rule.rewrite_op(ctx, op, m))
+            _replace(ctx, op, rule.rewrite_op(ctx, op, m))
             break
     dce(module)
+    ctx.erased()
     # Fallbacks: standalone quantize / dequantize generics.
     for op in func_ops(module):
         root = ctx.quant_root(op)
         if root is not None:
             m = QuantizeFallback().match(ctx, root)
             if not isinstance(m, Fail):
-                _replace(root.op, QuantizeFallback().rewrite(ctx, root, m))
+                _replace(ctx, root.op, QuantizeFallback().rewrite(ctx, root, m))
             continue
         g = ctx.generic(op)
         d = R.as_dequant(g) if g is not None else None
         if d is not None and L.np_dtype(g.inputs[d.source_index].type) in (np.int8, np.uint8):
             try:
-                _replace(op, DequantizeFallback().rewrite(ctx, g))
+                _replace(ctx, op, DequantizeFallback().rewrite(ctx, g))
             except ValueError as e:     # e.g. a per-channel dequantize feeding an unlowered op
                 ctx.fail(op, f"standalone DequantizeLinear: {e}")
     dce(module)
@@ -128,7 +130,7 @@ def _lower_root(ctx: Ctx, op) -> None:
             new = ctx.fail(root.op, str(e))
         if isinstance(new, Fail):
             continue
-        _replace(root.op, new)
+        _replace(ctx, root.op, new)
         return
 
 
