@@ -3,14 +3,18 @@
 - torch-onnx -> torch skips torch-mlir's shape refinement when every tensor type is static
   (`importer.STATIC_TORCH_PIPELINE`) and falls back to the full pipeline otherwise;
 - torq_hl attribute values recorded while lowering are what the IR holds;
-- no torq_hl op costs a failed Python import (the bindings' dialect-module lookup).
+- no torq_hl op costs a failed Python import (the bindings' dialect-module lookup);
+- per-channel multipliers search one shift (the largest scale's) instead of one per channel.
 """
 from __future__ import annotations
 
+import math
 import sys
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from onnx import helper
 
 from qmodels import conv_relu_pool_model, model, quantize, reshape_subgraph_model
@@ -151,3 +155,20 @@ def test_lowering_makes_no_failed_dialect_imports():
     finally:
         sys.meta_path.pop(0)
     assert not [n for n in looked_up if n.endswith("torq_hl")], looked_up[:5]
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(st.lists(st.one_of(st.just(0.0), st.floats(1e-12, 3e9, allow_nan=False), st.sampled_from([0.5, 2.0 ** -20])),
+                min_size=1, max_size=12))
+def test_per_channel_multipliers_match_the_per_channel_definition(scales):
+    """One shift search for the largest scale == the smallest of every channel's own shift."""
+    from torq.numerics import native
+    own = [native.multiplier_and_shift(s) for s in scales if s != 0.0 and s < 2.0 ** 31 - 0.5]
+    if len(own) != len([s for s in scales if s != 0.0]):
+        with pytest.raises(ValueError):
+            native.per_channel_multipliers(scales)
+        return
+    shift = min((sh for _, sh in own), default=native.ZERO_SCALE_SHIFT)
+    expect = [native.llround(math.ldexp(s, shift)) if s else 0 for s in scales]
+    mults, got = native.per_channel_multipliers(scales)
+    assert got == shift and mults.tolist() == expect
