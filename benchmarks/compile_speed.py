@@ -2,7 +2,7 @@
 
     python benchmarks/compile_speed.py                              # 10 CNNs × qdq, qdq-pc, qop
     python benchmarks/compile_speed.py --models densenet121 --flags qdq --rounds 5
-    PYTHONPATH=/other/checkout/src python benchmarks/compile_speed.py --json before.json
+    python benchmarks/compile_speed.py --baseline /path/to/other/checkout/src   # before/after table
 
 Each model × flag set is quantized once (cached next to the fp32 export as benchmarks/zoo.py does:
 `build/zoo/<model>.<flags>.onnx`) and then compiled in its own child process: one untimed
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -80,17 +81,38 @@ def measure(path: Path, rounds: int) -> dict:
     return row
 
 
-def _child(name: str, flags: str, folder: Path, rounds: int, timeout: float) -> dict:
+def _child(name: str, flags: str, folder: Path, rounds: int, timeout: float, src: Path | None = None) -> dict:
+    """`measure` in a fresh process; `src`: another checkout's src/ to import torq from."""
     cmd = [sys.executable, __file__, "--one", name, flags, "--build", str(folder), "--rounds", str(rounds)]
     row = {"model": name, "flags": flags}
+    env = None
+    if src is not None:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(src), os.environ.get("PYTHONPATH", "")])}
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
         return {**row, "error": f"timeout > {timeout:g} s"}
     for line in reversed(p.stdout.splitlines()):
         if line.startswith("{"):
             return {**row, **json.loads(line)}
     return {**row, "error": (p.stderr.strip().splitlines() or [f"exit {p.returncode}"])[-1][:200]}
+
+
+def print_comparison(pairs: list[tuple[dict, dict]], baseline: Path) -> None:
+    """Baseline vs this checkout, each measured in alternating child processes."""
+    from rich.console import Console
+    from rich.table import Table
+    t = Table(title=f"ONNX -> Program total (s, medians): baseline {baseline} vs this checkout")
+    for col in ("model", "flags", "nodes", "baseline", "now", "speed-up", "baseline ms/node", "now ms/node"):
+        t.add_column(col, justify="left" if col in ("model", "flags") else "right")
+    for b, r in pairs:
+        if "error" in b or "error" in r:
+            t.add_row(r["model"], r["flags"], "", "", "", "", "", (b.get("error") or r.get("error"))[:60])
+            continue
+        t.add_row(r["model"], r["flags"], str(r["nodes"]), f"{b['total_s']:.2f}", f"{r['total_s']:.2f}",
+                  f"{b['total_s'] / r['total_s']:.1f}x", f"{1000 * b['total_s'] / b['nodes']:.2f}",
+                  f"{1000 * r['total_s'] / r['nodes']:.2f}")
+    Console(width=200).print(t)
 
 
 def print_table(rows: list[dict]) -> None:
@@ -120,6 +142,8 @@ def main(argv=None) -> int:
     ap.add_argument("--build", type=Path, default=BUILD, help="export/quantize cache (default build/zoo)")
     ap.add_argument("--timeout", type=float, default=600, help="seconds per model × flag set")
     ap.add_argument("--json", type=Path, help="also write the rows here")
+    ap.add_argument("--baseline", type=Path, metavar="SRC",
+                    help="also measure the torq in SRC (another checkout's src/), alternating with this one")
     ap.add_argument("--one", nargs=2, metavar=("MODEL", "FLAGS"), help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.one:
@@ -129,7 +153,9 @@ def main(argv=None) -> int:
     bad = [f for f in flags if f not in FLAGS]
     if bad or a.rounds < 1:
         ap.error(f"unknown flag set: {', '.join(bad)}" if bad else "--rounds must be at least 1")
-    rows = []
+    if a.baseline and not (a.baseline / "torq" / "__init__.py").is_file():
+        ap.error(f"--baseline {a.baseline}: no torq package there (give a checkout's src/ folder)")
+    rows, pairs = [], []
     for m in models:
         for f in flags:
             try:
@@ -137,13 +163,19 @@ def main(argv=None) -> int:
             except Exception as e:  # noqa: BLE001 - a model that cannot be built is a row
                 rows.append({"model": m, "flags": f, "error": f"quantize: {str(e).splitlines()[0][:150]}"})
                 continue
+            if a.baseline:
+                pairs.append((_child(m, f, a.build, a.rounds, a.timeout, a.baseline), None))
             rows.append(_child(m, f, a.build, a.rounds, a.timeout))
+            if a.baseline:
+                pairs[-1] = (pairs[-1][0], rows[-1])
             r = rows[-1]
             print(f"{m:20s} {f:7s} " + (r["error"] if "error" in r else
                   " ".join(f"{k[:-2]} {r[k]:.2f}" for k in (*STAGES, "total_s"))), file=sys.stderr, flush=True)
             if a.json:
-                a.json.write_text(json.dumps(rows, indent=1))
+                a.json.write_text(json.dumps({"rows": rows, "baseline": [b for b, _ in pairs]}, indent=1))
     print_table(rows)
+    if a.baseline:
+        print_comparison(pairs, a.baseline)
     return 0
 
 
