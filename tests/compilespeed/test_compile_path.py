@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import math
+import re
 import sys
 
 import numpy as np
@@ -19,6 +20,7 @@ from onnx import helper
 
 from qmodels import conv_relu_pool_model, model, quantize, reshape_subgraph_model
 from torq.compiler import importer, lowering, torq_hl
+from torq.compiler import linalg_view as L
 from torq.graph import signedness
 from torq.graph.canonicalize import canonicalize
 from torq.graph.specialise import specialise_dynamic_dims
@@ -53,10 +55,10 @@ def _prepared(m):
     return signedness.to_int8(canonicalize(specialise_dynamic_dims(m)))[0]
 
 
-def _linalg(text: str, torch_pipeline: str | None) -> str:
-    module = importer.parse(text)
+def _linalg(imported, torch_pipeline: str | None) -> str:
+    module = importer.fresh_module(imported)
     if torch_pipeline is None:
-        module = importer._to_torch(module, text, None)
+        module = importer._to_torch(module, imported)
     else:
         importer.run_pipeline(module, torch_pipeline, "torch")
     importer.run_pipeline(module, importer.LINALG_PIPELINE, "linalg")
@@ -66,25 +68,44 @@ def _linalg(text: str, torch_pipeline: str | None) -> str:
 
 @pytest.mark.parametrize("name", list(MODELS))
 def test_static_pipeline_gives_the_full_pipelines_linalg(name):
-    text = importer.import_in_process(_prepared(MODELS[name]())).text
-    assert not importer._NOT_STATIC_RE.search(text)          # the shortcut applies ...
-    assert _linalg(text, None) == _linalg(text, importer.TORCH_PIPELINE)   # ... and changes nothing
+    imported = importer.import_in_process(_prepared(MODELS[name]()))
+    assert not importer._NOT_STATIC_RE.search(imported.text)          # the shortcut applies ...
+    assert _linalg(imported, None) == _linalg(imported, importer.TORCH_PIPELINE)   # ... changes nothing
 
 
-def _pipelines_run(monkeypatch, text):
+@pytest.mark.parametrize("name", list(MODELS))
+def test_fresh_module_is_the_import_at_its_text_positions(name):
+    """The ops text parsed + the imported attributes == the imported module, weights included,
+    and every op sits at its LINE:COL of the full text (the compiler JSON's keys)."""
+    imported = importer.import_in_process(_prepared(MODELS[name]()))
+    full = imported.module.operation.get_asm(large_elements_limit=None)
+    assert "dialect_resources" in full and "dialect_resources" not in imported.text
+    fresh = importer.fresh_module(imported)
+    assert fresh.operation.get_asm(large_elements_limit=None) == full
+    lines = full.splitlines()
+    operators = [op for op in importer._all_ops(fresh) if op.name == "torch.operator"]
+    for op in operators:
+        line, col = map(int, re.search(r":(\d+):(\d+)", str(op.location)).groups())
+        assert lines[line - 1][col - 1:].startswith('torch.operator "onnx.'), (line, col)
+    assert [(t, loc) for t, loc in imported.operator_locations] == \
+        [(str(op.attributes["name"]).strip('"')[5:], L.location_key(op)) for op in operators
+         if str(op.attributes["name"]) != '"onnx.Constant"']
+
+
+def _pipelines_run(monkeypatch, imported):
     ran = []
     real = importer.run_pipeline
     monkeypatch.setattr(importer, "run_pipeline", lambda m, p, what: ran.append(p) or real(m, p, what))
-    importer._to_torch(importer.parse(text), text, None)
+    importer._to_torch(importer.fresh_module(imported), imported)
     return ran
 
 
 def test_dynamic_types_take_the_full_pipeline(monkeypatch):
     m = quantize(reshape_subgraph_model(), {"x": [2, 3, 4, 4]})      # batch "N", not specialised here
-    text = importer.import_in_process(canonicalize(m)).text
-    assert importer._NOT_STATIC_RE.search(text)
-    assert _pipelines_run(monkeypatch, text) == [importer.TORCH_PIPELINE]
-    static = importer.import_in_process(_prepared(m)).text
+    imported = importer.import_in_process(canonicalize(m))
+    assert importer._NOT_STATIC_RE.search(imported.text)
+    assert _pipelines_run(monkeypatch, imported) == [importer.TORCH_PIPELINE]
+    static = importer.import_in_process(_prepared(m))
     assert _pipelines_run(monkeypatch, static)[-1] == importer.STATIC_TORCH_PIPELINE
 
 
