@@ -59,16 +59,14 @@ def _replace(ctx: Ctx, old_op, new_op):
 
 
 def dce(module) -> None:
-    """Erase ops whose results are unused (everything here is side-effect free), to a fixpoint."""
-    changed = True
-    while changed:
-        changed = False
-        for op in reversed(func_ops(module)):
-            if op.name == "func.return" or not len(op.results):
-                continue
-            if all(not list(r.uses) for r in op.results):
-                op.erase()
-                changed = True
+    """Erase ops whose results are unused (everything here is side-effect free). One pass from
+    the end reaches the fixpoint: an op's users (or the ops whose regions use it) come after it
+    in the block, so they are gone by the time it is looked at."""
+    for op in reversed(func_ops(module)):
+        if op.name == "func.return" or not len(op.results):
+            continue
+        if all(next(iter(r.uses), None) is None for r in op.results):
+            op.erase()
 
 
 def lower(module, ort_zp_shift: int = 0, onnx_ops: dict | None = None) -> LoweringReport:
