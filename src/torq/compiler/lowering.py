@@ -13,12 +13,12 @@ import numpy as np
 
 from . import linalg_view as L
 from . import recognise as R
-from .patterns import conv, data_movement, elementwise, fully_connected, pooling, table
-from .patterns.common import Ctx, Fail
+from .patterns import conv, data_movement, elementwise, fully_connected, matmul, movement_chain, pooling, table
+from .patterns.common import Ctx, Fail, constant
 from .patterns.quant_fallback import DequantizeFallback, QuantizeFallback
 
-RULES = [*conv.RULES, *fully_connected.RULES, *elementwise.RULES, *pooling.RULES,
-         *data_movement.RULES, *table.RULES]
+RULES = [*conv.RULES, *fully_connected.RULES, *matmul.RULES, *elementwise.RULES, *pooling.RULES,
+         *data_movement.RULES, *movement_chain.RULES, *table.RULES]
 # Rules rooted at an integer compute op rather than a quantize (ops ORT already runs on int8).
 OP_RULES = [*pooling.OP_RULES]
 
@@ -94,6 +94,7 @@ def _lower(module, ctx: Ctx) -> LoweringReport:
             _replace(op, rule.rewrite_op(ctx, op, m))
             break
     dce(module)
+    _materialize_constants(ctx, module)
     # Fallbacks: standalone quantize / dequantize generics.
     for op in func_ops(module):
         root = ctx.quant_root(op)
@@ -111,6 +112,21 @@ def _lower(module, ctx: Ctx) -> LoweringReport:
                 ctx.fail(op, f"standalone DequantizeLinear: {e}")
     dce(module)
     return report(module, ctx)
+
+
+def _materialize_constants(ctx: Ctx, module) -> None:
+    """A generic computed from constants only that torq_hl ops read (the Q of a scalar constant
+    an int8 Add/Mul takes, e.g. GELU's +1 and ·0.5) becomes the arith.constant of its value."""
+    from torch_mlir import ir
+    for op in func_ops(module):
+        if op.name != "linalg.generic" or L.element_type(op.results[0]) not in ("i8", "i16", "i32"):
+            continue
+        users = [u.owner.name for u in op.results[0].uses]
+        if not users or not all(u.startswith("torq_hl.") for u in users):
+            continue
+        value = ctx.const(op.results[0])
+        if value is not None:
+            _replace(op, constant(value, L.element_type(op.results[0]), op.location, ir.InsertionPoint(op)).owner)
 
 
 def _lower_root(ctx: Ctx, op) -> None:

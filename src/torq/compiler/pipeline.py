@@ -19,6 +19,7 @@ from ..fileio import atomic_write_text
 from ..graph import signedness
 from ..graph.canonicalize import canonicalize
 from ..graph.load import load_model
+from ..graph.shapes import fold_shape_arithmetic, slice_constant_gathers
 from ..graph.specialise import specialise_dynamic_dims
 from ..graph.validate import validate
 from ..program import Program
@@ -86,6 +87,7 @@ def compile(model, debug_ir: str | os.PathLike | None = None, name: str | None =
     original = model
     model = specialise_dynamic_dims(model)     # compiled for batch 1 (graph/specialise.py)
     model = canonicalize(model)
+    model = slice_constant_gathers(fold_shape_arithmetic(model))   # static shapes (graph/shapes.py)
     model, u8_in, u8_out, shifted = signedness.to_int8(model)
     stages = importer.StageTexts()     # texts printed only when read (.ir, --emit, --debug-ir)
     imported = importer.import_onnx(model)
