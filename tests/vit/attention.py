@@ -38,7 +38,7 @@ class _G:
         return name
 
 
-def _attention(g: _G, x: str, seq: int, dim: int, heads: int) -> str:
+def _attention(g: _G, x: str, seq: int, dim: int, heads: int, softmax: bool) -> str:
     """torch.nn.MultiheadAttention (batch 1, sequence-first inside) as exported."""
     xt = g.op("Transpose", [x], perm=[1, 0, 2])                                     # [S, 1, D]
     qkv = g.op("Add", [g.weight("in_bias", (3 * dim,), 0.1),
@@ -61,19 +61,22 @@ def _attention(g: _G, x: str, seq: int, dim: int, heads: int) -> str:
     scale = g.op("Cast", [g.op("Div", [g.const([1.0], np.float32), g.op("Sqrt", [g.op("Cast", [last], to=1)])])], to=1)
     qs = g.op("Mul", [q, g.op("Sqrt", [scale])])
     ks = g.op("Mul", [g.op("Transpose", [k], perm=[0, 1, 3, 2]), g.op("Sqrt", [scale])])
-    probs = g.op("Softmax", [g.op("MatMul", [qs, ks])], axis=-1)
+    scores = g.op("MatMul", [qs, ks])
+    probs = g.op("Softmax", [scores], axis=-1) if softmax else scores
     ctx = g.op("Transpose", [g.op("MatMul", [probs, v])], perm=[2, 0, 1, 3])         # [S, 1, H, dh]
     out = g.op("Gemm", [g.op("Reshape", [ctx, g.const([seq, dim])]), g.weight("out_w", (dim, dim), dim ** -0.5),
                         g.weight("out_b", (dim,), 0.1)], transB=1)
     return g.op("Transpose", [g.op("Reshape", [out, g.const([seq, 1, dim])])], perm=[1, 0, 2])
 
 
-def encoder_block(seq: int = 5, dim: int = 8, heads: int = 2, seed: int = 0, layer_norm: bool = True):
-    """x [1, seq, dim] -> [LN] -> attention -> + x -> [LN] -> MLP (GELU) -> + : one ViT encoder layer."""
+def encoder_block(seq: int = 5, dim: int = 8, heads: int = 2, seed: int = 0, layer_norm: bool = True,
+                  softmax: bool = True):
+    """x [1, seq, dim] -> [LN] -> attention -> + x -> [LN] -> MLP (GELU) -> + : one ViT encoder layer.
+    Without LayerNorm and Softmax (no exact integer form) every op of it lowers to the NSS."""
     g = _G(seed)
     ln = (lambda t, i: g.op("LayerNormalization", [t, g.weight(f"ln{i}_g", (dim,), 1.0), g.weight(f"ln{i}_b", (dim,), 0.1)],
                             axis=-1, epsilon=1e-6)) if layer_norm else (lambda t, i: t)
-    h = g.op("Add", [_attention(g, ln("x", 1), seq, dim, heads), "x"])
+    h = g.op("Add", [_attention(g, ln("x", 1), seq, dim, heads, softmax), "x"])
     up = g.op("Add", [g.weight("fc1_b", (2 * dim,), 0.1), g.op("MatMul", [ln(h, 2), g.weight("fc1_w", (dim, 2 * dim), dim ** -0.5)])])
     erf = g.op("Erf", [g.op("Div", [up, g.const(np.sqrt(2.0), np.float32)])])
     gelu = g.op("Mul", [g.op("Mul", [up, g.op("Add", [erf, g.const(1.0, np.float32)])]), g.const(0.5, np.float32)])

@@ -161,8 +161,22 @@ def report(module, ctx: Ctx | None = None) -> LoweringReport:
             onnx_op = ctx.onnx_op(op) if ctx else ""
             if onnx_op in NO_INTEGER_FORM:
                 why = NO_INTEGER_FORM[onnx_op]
+            elif ctx and onnx_op in ("DequantizeLinear", "QuantizeLinear"):
+                why = _constant_for(ctx, op) or why
             rep.unsupported.append(Unsupported(name, L.location_key(op), f"{onnx_op}: {why}" if onnx_op else why))
     return rep
+
+
+def _constant_for(ctx: Ctx, op) -> str | None:
+    """Why a Q/DQ of a constant stayed: it only feeds ops that are themselves off the NSS (e.g.
+    LayerNorm's int32 bias), so the reason is theirs."""
+    g = ctx.generic(op)
+    if g is None or g.var_inputs:
+        return None
+    readers = sorted({ctx.onnx_op(u.owner) or u.owner.name for r in op.results for u in r.uses})
+    if not readers:
+        return None
+    return f"a constant (weight or bias) read only by {', '.join(readers)}, which runs off the NSS"
 
 
 # ONNX ops ORT runs in float between DQ and Q whose result is no function of one int8 value, a
@@ -170,6 +184,8 @@ def report(module, ctx: Ctx | None = None) -> LoweringReport:
 NO_INTEGER_FORM = {
     "LayerNormalization": "LayerNorm divides by the square root of a per-position variance over the "
                           "channels (a float reduction of the activations): no exact integer form on the NSS",
+    "Softmax": "ORT runs it as QLinearSoftmax: an exp lookup table summed along each row, every entry "
+               "then divided by its row's sum in float32; the NSS has no divider, so no exact integer form",
 }
 
 
