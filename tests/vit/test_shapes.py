@@ -80,3 +80,23 @@ def test_encoder_block_is_unsupported_only_where_no_integer_form_exists(fmt):
                                   "which runs off the NSS"}, reasons
     assert {r.split(":")[0] for r in reasons} >= {"LayerNormalization", "Softmax"}
     assert c.report.lowered.get("matmul") == 2
+
+
+@pytest.mark.parametrize("fmt", ["qdq", "qoperator"])
+def test_class_token_concat_lowers_exactly(fmt):
+    """ViT prepends a learned class token: Concat(Expand(token, shape from ConstantOfShape/Where),
+    patches) + position embedding. The folded Expand is a constant part of the Concat."""
+    c = lambda name, v: helper.make_node("Constant", [], [name], value=onnx.numpy_helper.from_array(np.asarray(v), name))  # noqa: E731
+    nodes = [c("shape", np.array([1, -1, -1], np.int64)), c("three", np.array([3], np.int64)),
+             helper.make_node("ConstantOfShape", ["three"], ["ones"], value=helper.make_tensor("v", 7, [1], [1])),
+             c("minus1", np.array(-1, np.int64)),
+             helper.make_node("Mul", ["ones", "minus1"], ["neg"]),
+             helper.make_node("Equal", ["shape", "neg"], ["eq"]),
+             helper.make_node("Where", ["eq", "ones", "shape"], ["target"]),
+             helper.make_node("Expand", ["token", "target"], ["cls"]),
+             helper.make_node("Concat", ["cls", "x"], ["seq"], axis=1),
+             helper.make_node("Add", ["seq", "pos"], ["y"])]
+    rng = np.random.default_rng(3)
+    m = model(nodes, [("x", [1, 4, 8])], ["y"], {"token": rng.normal(0, 1, (1, 1, 8)), "pos": rng.normal(0, 0.5, (1, 5, 8))})
+    q = quantize(m, {"x": [1, 4, 8]}, fmt, False, "s8", lo=-2, hi=2)
+    check_compiled(torq_compile(q), "add")
