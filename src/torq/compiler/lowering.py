@@ -176,7 +176,8 @@ def _constant_for(ctx: Ctx, op) -> str | None:
     readers = sorted({ctx.onnx_op(u.owner) or u.owner.name for r in op.results for u in r.uses})
     if not readers:
         return None
-    return f"a constant (weight or bias) read only by {', '.join(readers)}, which runs off the NSS"
+    why = f"a constant (weight or bias) read only by {', '.join(readers)}, which runs off the NSS"
+    return why + (f" ({NO_INTEGER_FORM[readers[0]]})" if len(readers) == 1 and readers[0] in NO_INTEGER_FORM else "")
 
 
 # ONNX ops ORT runs in float between DQ and Q whose result is no function of one int8 value, a
