@@ -101,3 +101,15 @@ def test_class_token_concat_lowers_exactly(fmt):
     m = model(nodes, [("x", [1, 4, 8])], ["y"], {"token": rng.normal(0, 1, (1, 1, 8)), "pos": rng.normal(0, 0.5, (1, 5, 8))})
     q = quantize(m, {"x": [1, 4, 8]}, fmt, False, "s8", lo=-2, hi=2)
     check_compiled(torq_compile(q), "add")
+
+
+def test_a_quantized_constant_with_zeros_is_data_not_a_scale():
+    """`run` compiles segments of the folded graph, where Q(class token) reads a float initializer:
+    its zeros are values, not a zero scale."""
+    m = model([helper.make_node("QuantizeLinear", ["c", "s", "z"], ["q"]),
+               helper.make_node("DequantizeLinear", ["q", "s", "z"], ["d"]),
+               helper.make_node("Add", ["x", "d"], ["y"])], [("x", [1, 4])], ["y"],
+              [onnx.numpy_helper.from_array(np.array([[0, 0.5, -1, 0]], np.float32), "c"),
+               onnx.numpy_helper.from_array(np.float32(0.01), "s"), onnx.numpy_helper.from_array(np.int8(0), "z")])
+    from torq.graph.validate import validate
+    validate(m, "m")
