@@ -47,13 +47,16 @@ def island_nodes(q: onnx.ModelProto) -> list[onnx.NodeProto]:
     return [n for n in g.node if n.op_type != _Q and any(i in floats for i in n.input)]
 
 
-def _tensors_to_wrap(q: onnx.ModelProto, islands: list[onnx.NodeProto]) -> list[str]:
-    """Float activations read or written by an island op that are not already a DQ's output."""
+def unquantized_tensors(q: onnx.ModelProto) -> list[str]:
+    """Float activations that some op reads (or the graph outputs) without a DQ in between: not
+    a DequantizeLinear's output, and read by something other than a QuantizeLinear. Empty for a
+    model that is int8 throughout (its float ops each between a DQ and a Q)."""
     g = q.graph
     floats = _float_tensors(q) - {t.name for t in g.initializer}
     dq_outputs = {o for n in g.node if n.op_type == _DQ for o in n.output}
-    names = dict.fromkeys(t for n in islands for t in list(n.input) + list(n.output)
-                          if t in floats and t not in dq_outputs)
+    read_raw = {i for n in g.node if n.op_type != _Q for i in n.input} | {o.name for o in g.output}
+    names = dict.fromkeys(t for n in island_nodes(q) for t in list(n.input) + list(n.output)
+                          if t in floats and t not in dq_outputs and t in read_raw)
     return list(names)
 
 
@@ -63,13 +66,12 @@ def quantize_islands(q: onnx.ModelProto, fp32: onnx.ModelProto, reader, method,
 
     ``fp32`` is the model ``q`` was quantized from (island tensors keep their names), ``reader``
     the calibration data (rewound), ``method`` ORT's calibration method."""
-    islands = island_nodes(q)
-    if not islands:
+    wrap = unquantized_tensors(q)
+    if not wrap:
         return q
     m = onnx.ModelProto()
     m.CopyFrom(q)
     g = m.graph
-    wrap = _tensors_to_wrap(m, islands)
     consumers = defaultdict(list)
     for n in g.node:
         for i in n.input:
@@ -77,7 +79,7 @@ def quantize_islands(q: onnx.ModelProto, fp32: onnx.ModelProto, reader, method,
     existing_q = {t: next((c for c in consumers[t] if c.op_type == _Q), None) for t in wrap}
     need_range = [t for t in wrap if existing_q[t] is None]
     ranges = calibrated_ranges(fp32, reader, method, need_range,
-                               sorted({n.op_type for n in islands})) if need_range else {}
+                               sorted({n.op_type for n in island_nodes(q)})) if need_range else {}
     outputs = {o.name for o in g.output}
     after: dict[str, list[onnx.NodeProto]] = defaultdict(list)   # producer output -> new nodes
     for t in wrap:
