@@ -46,6 +46,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from .. import numerics
+from .pool_ceil import ceil_pools_to_floor
 from .walk import subgraphs
 from ..errors import TorqError
 
@@ -276,9 +277,10 @@ def _opset(model: onnx.ModelProto, domain: str) -> int:
 
 def canonicalize(model: onnx.ModelProto) -> onnx.ModelProto:
     """Return a copy of `model` with every contrib QLinear op (and per-channel biased
-    QLinearConv) rewritten to standard QDQ; see the module docstring for the rewrites."""
+    QLinearConv) rewritten to standard QDQ; see the module docstring for the rewrites. Ceil-mode
+    MaxPools become floor mode with ORT's output size first (``pool_ceil``)."""
     m = onnx.ModelProto()
-    m.CopyFrom(model)
+    m.CopyFrom(ceil_pools_to_floor(model))
     g = m.graph
     inits = {t.name: t for t in g.initializer}
     taken, new_inits, new_nodes, per_axis = _all_names(g), [], [], False
