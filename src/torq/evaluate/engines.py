@@ -35,11 +35,14 @@ def quantize_input(x: np.ndarray, scale: float, zero_point: int) -> np.ndarray:
 
 
 class OrtEngine:
-    """ONNX Runtime on one model (fp32 or the int8 QDQ model with integer kernels)."""
+    """ONNX Runtime on one model (fp32 or the int8 QDQ model with integer kernels). With
+    ``fused=False`` the int8 model runs as its ONNX definition (DequantizeLinear → float op →
+    QuantizeLinear per op): a second, equally valid INT8 execution, used to measure how often two
+    correct int8 executions of the same model disagree on top-1."""
 
-    def __init__(self, model: onnx.ModelProto, threads: int = 0):
+    def __init__(self, model: onnx.ModelProto, threads: int = 0, fused: bool = True):
         from ..runtime import reference
-        self.sess = reference.session(model, threads=threads)
+        self.sess = reference.session(model, threads=threads, fused=fused)
         self.input = self.sess.get_inputs()[0].name
 
     def __call__(self, x: np.ndarray) -> np.ndarray:

@@ -11,7 +11,8 @@ from pathlib import Path
 
 from ..fileio import atomic_write_bytes, atomic_write_json, atomic_write_text
 
-_LABELS = {"fp32": "FP32 (ORT)", "int8_ort": "INT8 (ORT)", "int8_nss": "INT8 (NSS, native rounding)"}
+_LABELS = {"fp32": "FP32 (ORT)", "int8_ort": "INT8 (ORT)", "int8_nss": "INT8 (NSS, native rounding)",
+           "int8_onnx": "INT8 (ONNX reference: ORT, DQ → float op → Q)"}
 
 
 def _pct(v: float) -> str:
@@ -26,12 +27,16 @@ def markdown(r) -> str:
              f"per-channel={r.settings['per_channel']}); preprocessing `{r.settings['preprocess']}`.", "",
              "| path | top-1 % | " + ("top-5 % | " if has_top5 else "") + "top-1 agreement with FP32 % | images/s |",
              "|---|---|" + ("---|" if has_top5 else "") + "---|---|"]
-    for p, label in _LABELS.items():
-        acc = r.accuracy(p)
+    for p in r.paths:
+        label, acc = _LABELS[p], r.accuracy(p)
         top5 = f"{_pct(acc['top5'])} | " if has_top5 else ""
         lines.append(f"| {label} | {_pct(acc['top1'])} | {top5}{_pct(r.agreement(p, 'fp32'))} | "
                      f"{r.images_per_s(p):.1f} |")
     lines += ["", f"INT8 (NSS) vs INT8 (ORT) top-1 agreement: {_pct(r.agreement('int8_nss', 'int8_ort'))} %.", ""]
+    if "int8_onnx" in r.paths:
+        lines += [f"Two correct int8 executions disagree too: INT8 (ORT, fused integer kernels) vs the ONNX reference "
+                  f"{_pct(r.agreement('int8_ort', 'int8_onnx'))} %, INT8 (NSS) vs the ONNX reference "
+                  f"{_pct(r.agreement('int8_nss', 'int8_onnx'))} %.", ""]
     total = sum(r.lsb.values())
     if total:
         lines += ["NSS − ORT int8 logits (LSB): " + ", ".join(

@@ -12,7 +12,7 @@ import numpy as np
 from . import metrics
 
 PATHS = ("fp32", "int8_ort", "int8_nss")
-LABELS = {"fp32": "FP32 (ORT)", "int8_ort": "INT8 (ORT)", "int8_nss": "INT8 (NSS)"}
+ONNX_REFERENCE = "int8_onnx"     # optional: the int8 model as its ONNX definition (ORT, no fusion)
 
 
 @dataclass
@@ -32,12 +32,18 @@ class EvalResult:
         k = min(5, classes)
         settings = {"preprocess": opts.preprocess.describe(), "batch": opts.batch,
                     "per_channel": opts.per_channel, "calibrate_method": opts.calibrate_method,
-                    "bias_correction": opts.bias_correction,
+                    "bias_correction": opts.bias_correction, "onnx_reference": opts.onnx_reference,
                     "calibration": opts.calibration or f"split of {opts.calibration_split}",
                     "calibration_images": min(calib_images, opts.num_calib), "classes": classes}
         r = cls(str(model), data.name, data.labels.copy(), settings)
-        r.top = {p: np.full((len(data), k), -1, np.int64) for p in PATHS}
+        paths = PATHS + ((ONNX_REFERENCE,) if opts.onnx_reference else ())
+        r.top = {p: np.full((len(data), k), -1, np.int64) for p in paths}
+        r.seconds = {p: 0.0 for p in paths}
         return r
+
+    @property
+    def paths(self) -> tuple:
+        return tuple(self.top)
 
     @property
     def images(self) -> int:
@@ -85,17 +91,20 @@ class EvalResult:
 
     def to_json(self, per_image: bool = True) -> dict:
         out = {"model": self.model, "dataset": self.dataset, "images": self.images, "settings": self.settings}
-        for p in PATHS:
+        for p in self.paths:
             out[p] = self.accuracy(p)
         out["agreement_int8_ort_vs_fp32"] = self.agreement("int8_ort", "fp32")
         out["agreement_int8_nss_vs_fp32"] = self.agreement("int8_nss", "fp32")
         out["agreement_nss_vs_ort"] = self.agreement("int8_nss", "int8_ort")
-        out["images_per_s"] = {p: self.images_per_s(p) for p in PATHS}
+        if ONNX_REFERENCE in self.top:
+            out["agreement_ort_vs_onnx_reference"] = self.agreement("int8_ort", ONNX_REFERENCE)
+            out["agreement_nss_vs_onnx_reference"] = self.agreement("int8_nss", ONNX_REFERENCE)
+        out["images_per_s"] = {p: self.images_per_s(p) for p in self.paths}
         out["sqnr_db"] = [{"tensor": s["tensor"], "sqnr_db": _finite(s["sqnr_db"])} for s in self.sqnr]
         out["lsb_diff_nss_vs_ort"] = {str(k): v for k, v in sorted(self.lsb.items())}
         if per_image:
             out["per_image"] = {"label": self.labels.tolist(),
-                                **{p: self.top[p][:, 0].tolist() for p in PATHS}}
+                                **{p: self.top[p][:, 0].tolist() for p in self.paths}}
         return out
 
     def markdown(self) -> str:

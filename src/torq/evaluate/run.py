@@ -20,9 +20,6 @@ from .engines import OrtEngine, quantize_input
 from .preprocess import Preprocess, parse_preprocess
 from .result import EvalResult
 
-PATHS = ("fp32", "int8_ort", "int8_nss")
-
-
 @dataclass
 class EvalOptions:
     preprocess: Preprocess = field(default_factory=Preprocess)
@@ -34,6 +31,7 @@ class EvalOptions:
     per_channel: bool = True
     calibrate_method: str = "minmax"        # best mean INT8 top-1 drop over (a) and (b), README
     bias_correction: bool = False          # fp32 transform before quantizing (quantize.bias_correction)
+    onnx_reference: bool = False           # also run the int8 model as its ONNX definition (ORT, unfused)
     sqnr_images: int = 8                   # images used for the per-layer SQNR
     jobs: int = 1                          # NSS worker processes
     ray: str | bool | None = None          # Ray cluster address, True = a local instance
@@ -146,6 +144,8 @@ def evaluate(model, dataset, *, preprocess: str | Preprocess | None = None, opti
 
 def _run_ort_paths(result, data, opts, fp32, q, name, shape, qin) -> None:
     engines = {"fp32": OrtEngine(fp32), "int8_ort": OrtEngine(q)}
+    if opts.onnx_reference:
+        engines["int8_onnx"] = OrtEngine(q, fused=False)
     sqnr = metrics.LayerSqnr(fp32, q) if opts.sqnr_images else None
     with result.progress("FP32 + INT8 (ORT)", len(data), opts.progress) as advance:
         for start, x in batches(data, opts, name, shape):

@@ -12,11 +12,16 @@ import onnx
 from ..errors import TorqError, one_line
 
 
-def session(model: onnx.ModelProto, threads: int = 0, optimized_model_path: str | None = None):
+def session(model: onnx.ModelProto, threads: int = 0, optimized_model_path: str | None = None,
+            fused: bool = True):
+    """An ORT CPU session. ``fused=False`` runs the model as its ONNX definition instead: graph
+    optimisations off, so every QDQ op executes as DequantizeLinear → float op → QuantizeLinear."""
     import onnxruntime as ort
     so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    so.add_session_config_entry("session.qdqisint8allowed", "1")
+    so.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_ENABLE_ALL if fused
+                                   else ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
+    if fused:
+        so.add_session_config_entry("session.qdqisint8allowed", "1")
     so.log_severity_level = 4
     if threads:
         so.intra_op_num_threads = threads
