@@ -30,21 +30,21 @@ _Q, _DQ = "QuantizeLinear", "DequantizeLinear"
 
 
 def _float_tensors(q: onnx.ModelProto) -> set[str]:
-    """Names of the float32 tensors of ``q`` (ONNX type inference; contrib ops stay untyped)."""
+    """Names of the float32 activations of ``q`` (ONNX type inference; contrib ops stay untyped)."""
     try:
         m = onnx.shape_inference.infer_shapes(q)
     except Exception:   # noqa: BLE001 - an untyped graph: fall back to the recorded types
         m = q
     g = m.graph
     typed = list(g.input) + list(g.value_info) + list(g.output)
-    return {v.name for v in typed if v.type.tensor_type.elem_type == TensorProto.FLOAT}
+    inits = {t.name for t in g.initializer}
+    return {v.name for v in typed if v.type.tensor_type.elem_type == TensorProto.FLOAT} - inits
 
 
-def island_nodes(q: onnx.ModelProto) -> list[onnx.NodeProto]:
+def island_nodes(q: onnx.ModelProto, floats: set[str] | None = None) -> list[onnx.NodeProto]:
     """The nodes ORT left in float: any node but a QuantizeLinear reading a float activation."""
-    g = q.graph
-    floats = _float_tensors(q) - {t.name for t in g.initializer}
-    return [n for n in g.node if n.op_type != _Q and any(i in floats for i in n.input)]
+    floats = _float_tensors(q) if floats is None else floats
+    return [n for n in q.graph.node if n.op_type != _Q and any(i in floats for i in n.input)]
 
 
 def unquantized_tensors(q: onnx.ModelProto) -> list[str]:
@@ -52,10 +52,10 @@ def unquantized_tensors(q: onnx.ModelProto) -> list[str]:
     a DequantizeLinear's output, and read by something other than a QuantizeLinear. Empty for a
     model that is int8 throughout (its float ops each between a DQ and a Q)."""
     g = q.graph
-    floats = _float_tensors(q) - {t.name for t in g.initializer}
+    floats = _float_tensors(q)
     dq_outputs = {o for n in g.node if n.op_type == _DQ for o in n.output}
     read_raw = {i for n in g.node if n.op_type != _Q for i in n.input} | {o.name for o in g.output}
-    names = dict.fromkeys(t for n in island_nodes(q) for t in list(n.input) + list(n.output)
+    names = dict.fromkeys(t for n in island_nodes(q, floats) for t in list(n.input) + list(n.output)
                           if t in floats and t not in dq_outputs and t in read_raw)
     return list(names)
 
