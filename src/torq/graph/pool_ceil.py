@@ -54,46 +54,64 @@ def _is_ceil_pool(node: onnx.NodeProto) -> bool:
             and a.get("auto_pad", b"NOTSET") in (b"NOTSET", "NOTSET") and "kernel_shape" in a)
 
 
-def _downstream(g: onnx.GraphProto, roots: list[onnx.NodeProto]) -> set[str]:
-    """Every tensor computed from the outputs of ``roots`` (nodes are in topological order)."""
-    tainted = {o for n in roots for o in n.output}
+def _downstream(g: onnx.GraphProto, root: onnx.NodeProto) -> set[str]:
+    """Every tensor computed from the outputs of ``root`` (nodes are in topological order)."""
+    tainted = set(root.output)
     for n in g.node:
         if tainted.intersection(n.input):
             tainted.update(n.output)
     return tainted
 
 
-def _input_shape(m: onnx.ModelProto, name: str) -> list[int] | None:
+def _forget_shapes(g: onnx.GraphProto, names: set[str]) -> None:
+    """Drop the declared shapes of ``names`` (value_info, and the dims of graph outputs)."""
+    keep = [v for v in g.value_info if v.name not in names]
+    del g.value_info[:]
+    g.value_info.extend(keep)
+    for out in g.output:
+        if out.name in names:
+            out.type.tensor_type.ClearField("shape")
+
+
+def _shapes(m: onnx.ModelProto) -> dict[str, list[int]]:
+    """Tensor name -> static shape, by ONNX shape inference."""
     g = onnx.shape_inference.infer_shapes(m).graph
+    out = {}
     for v in [*g.input, *g.value_info, *g.output]:
-        if v.name == name and v.type.tensor_type.HasField("shape"):
-            dims = v.type.tensor_type.shape.dim
-            if all(d.HasField("dim_value") for d in dims):
-                return [d.dim_value for d in dims]
-    return None
+        dims = v.type.tensor_type.shape.dim
+        if v.type.tensor_type.HasField("shape") and all(d.HasField("dim_value") for d in dims):
+            out[v.name] = [d.dim_value for d in dims]
+    return out
 
 
 def ceil_pools_to_floor(model: onnx.ModelProto) -> onnx.ModelProto:
-    """``model`` with every ceil-mode MaxPool in floor form (see module doc); unchanged if none."""
-    pools = [n for n in model.graph.node if _is_ceil_pool(n)]
-    if not pools:
+    """``model`` with every ceil-mode MaxPool in floor form (see module doc); unchanged if none.
+
+    One shape inference, plus two per pool whose declared output was mis-sized (its downstream
+    shapes are forgotten and re-inferred so that later pools see their true input size)."""
+    if not any(_is_ceil_pool(n) for n in model.graph.node):
         return model
     m = onnx.ModelProto()
     m.CopyFrom(model)
     g = m.graph
-    stale = _downstream(g, [n for n in g.node if _is_ceil_pool(n)])
-    keep = [v for v in g.value_info if v.name not in stale]
-    del g.value_info[:]
-    g.value_info.extend(keep)
-    for out in g.output:
-        if out.name in stale:
-            out.type.tensor_type.ClearField("shape")
-    for node in [n for n in g.node if _is_ceil_pool(n)]:   # in order: each sees its input re-typed
-        shape = _input_shape(m, node.input[0])
+    shapes, resized = _shapes(m), False
+    for node in [n for n in g.node if _is_ceil_pool(n)]:
+        shape = shapes.get(node.input[0])
         pads = floor_pads(shape[2:], _attrs(node)) if shape and len(shape) > 2 else None
         if pads is None:
             continue   # left to the compiler (a clean error if torch-mlir mis-sizes it)
         kept = [a for a in node.attribute if a.name not in ("ceil_mode", "pads")]
         del node.attribute[:]
         node.attribute.extend(kept + [helper.make_attribute("pads", pads)])
-    return onnx.shape_inference.infer_shapes(m)   # also types the outputs whose shape was dropped
+        declared = shapes.get(node.output[0])
+        if declared is None or declared[2:] != _floor_size(shape[2:], _attrs(node)):
+            _forget_shapes(g, _downstream(g, node))
+            shapes, resized = _shapes(m), True
+    return onnx.shape_inference.infer_shapes(m) if resized else m
+
+
+def _floor_size(spatial: list[int], attrs: dict) -> list[int]:
+    k = list(attrs["kernel_shape"])
+    r = len(k)
+    s, d, p = attrs.get("strides", [1] * r), attrs.get("dilations", [1] * r), attrs.get("pads", [0] * 2 * r)
+    return [(spatial[i] + p[i] + p[r + i] - (k[i] - 1) * d[i] - 1) // s[i] + 1 for i in range(r)]
