@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 from onnx import helper
 
-from qmodels import model, quantize, run
+import torq
+from qmodels import model, run
 from torq.compiler import compile as torq_compile
 from torq.graph.pool_ceil import ceil_pools_to_floor, floor_pads, ort_output_size
 from torq.verify import verify
@@ -50,13 +51,11 @@ def test_floor_form_equals_ort_ceil_mode(pool, seed):
     assert list(want.shape[2:]) == [ort_output_size(hw[i], k[i], s[i], d[i], pads[i], pads[i + 2])
                                     for i in range(2)]
     floor = ceil_pools_to_floor(m)
-    (node,) = floor.graph.node
-    if floor_pads(hw, {"kernel_shape": k, "strides": s, "dilations": d, "pads": pads}) is None:
-        # the last window ORT keeps starts inside input + leading pad, so the end pad is below
-        # the *dilated* extent; only a dilated pool can need one ORT refuses (>= kernel)
-        assert d != [1, 1] and any(a.name == "ceil_mode" for a in node.attribute)
-        return
-    assert all(a.name != "ceil_mode" for a in node.attribute)
+    node = floor.graph.node[-1]
+    assert node.op_type == "MaxPool" and all(a.name != "ceil_mode" for a in node.attribute)
+    pads = floor_pads(hw, {"kernel_shape": k, "strides": s, "dilations": d, "pads": pads})
+    if any(e >= kk for e, kk in zip(pads[2:], k)):   # only a dilated pool's end pad reaches its kernel
+        assert d != [1, 1] and [n.op_type for n in floor.graph.node] == ["Pad", "MaxPool"]
     onnx.checker.check_model(floor, full_check=True)
     declared = [x.dim_value for x in floor.graph.output[0].type.tensor_type.shape.dim]
     assert declared == list(want.shape)          # the declared type follows ORT now
@@ -94,8 +93,12 @@ def test_models_without_ceil_pools_are_returned_as_is():
 
 @SLOW
 @given(pools(), st.sampled_from(["qdq", "qoperator"]), st.integers(0, 2**16))
+@example(([8, 8], [3, 3], [2, 2], [1, 1], [0, 0, 0, 0]), "qoperator", 0)   # int8 pool, end pad 1: Pad(-128)
+@example(([6, 5], [2, 2], [3, 3], [1, 1], [1, 0, 1, 0]), "qoperator", 1)   # windows ORT drops
+@example(([5, 5], [2, 2], [2, 2], [1, 1], [1, 1, 1, 1]), "qdq", 2)
 def test_quantized_ceil_pools_compile_and_match_ort(pool, fmt, seed):
-    """Conv → MaxPool(ceil) → Conv, quantized by ORT: nothing unsupported, ort bit-exact."""
+    """Conv → MaxPool(ceil) → Conv, quantized by torq.quantize (QOperator: an int8 MaxPool):
+    nothing unsupported, ort bit-exact."""
     hw, k, s, d, pads = pool
     rng = np.random.default_rng(seed)
     conv = helper.make_node("Conv", ["x", "w0", "b0"], ["p_in"], pads=[1, 1, 1, 1])
@@ -105,7 +108,9 @@ def test_quantized_ceil_pools_compile_and_match_ort(pool, fmt, seed):
               [("x", [1, 3, *hw])], ["y"],
               {"w0": rng.normal(0, 0.3, (2, 3, 3, 3)), "b0": rng.normal(0, 0.1, 2),
                "wt": rng.normal(0, 0.3, (2, 2, 1, 1))})
-    q = quantize(m, {"x": [1, 3, *hw]}, fmt, False, seed=seed, lo=-2.0, hi=2.0)
+    q = torq.quantize(m, quant_format=fmt, num_calib=4)
+    pool_in = next(n for n in q.graph.node if n.op_type == "MaxPool").input[0]
+    assert pool_in.endswith("_quantized") == (fmt == "qoperator")     # int8 MaxPool in QOperator
     c = torq_compile(q)
     assert c.report.unsupported == [], [str(u) for u in c.report.unsupported]
     r = verify(c, seed=seed)

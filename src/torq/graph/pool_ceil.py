@@ -9,13 +9,22 @@ mode only need the end padding stretched to the last window ORT keeps:
 
     pad_end' = (out − 1)·stride + (kernel − 1)·dilation + 1 − in − pad_begin
 
-which ORT accepts while it stays below the kernel (always, for dilation 1). The shapes declared
-downstream of a rewritten pool are dropped and re-inferred.
+The shapes declared downstream of a rewritten pool are dropped and re-inferred.
+
+The pads move to an explicit constant ``Pad`` before the pool (−inf for float, the dtype's
+minimum for int8/uint8: same maxima, every window keeps a real cell) when an end pad reaches
+the kernel (dilated pools; ORT refuses such pool pads) or when an integer (QOperator) pool's
+pads are asymmetric: torch-mlir pads those through a float −1.8e308, which is no int8 value.
 """
 from __future__ import annotations
 
+import numpy as np
 import onnx
-from onnx import helper
+from onnx import TensorProto, helper, numpy_helper
+
+#: the padding value that never wins a max, per element type
+_PAD_MIN = {TensorProto.FLOAT: np.float32(-np.inf), TensorProto.INT8: np.int8(-128),
+            TensorProto.UINT8: np.uint8(0)}
 
 
 def ort_output_size(size: int, kernel: int, stride: int, dilation: int, begin: int, end: int) -> int:
@@ -25,9 +34,8 @@ def ort_output_size(size: int, kernel: int, stride: int, dilation: int, begin: i
     return out - 1 if (out - 1) * stride >= size + begin else out
 
 
-def floor_pads(shape: list[int], attrs: dict) -> list[int] | None:
-    """The ``pads`` that give ``attrs``' ceil-mode windows and ORT's size in floor mode, or None
-    when ORT would refuse them (an end pad not below the kernel)."""
+def floor_pads(shape: list[int], attrs: dict) -> list[int]:
+    """The ``pads`` that give ``attrs``' ceil-mode windows and ORT's size in floor mode."""
     kernel = list(attrs["kernel_shape"])
     rank = len(kernel)
     strides = list(attrs.get("strides", [1] * rank))
@@ -37,10 +45,7 @@ def floor_pads(shape: list[int], attrs: dict) -> list[int] | None:
     for i in range(rank):
         size, k, s, d, b = shape[i], kernel[i], strides[i], dilations[i], pads[i]
         out = ort_output_size(size, k, s, d, b, pads[rank + i])
-        end = max(0, (out - 1) * s + (k - 1) * d + 1 - size - b)
-        if end >= k:
-            return None
-        ends.append(end)
+        ends.append(max(0, (out - 1) * s + (k - 1) * d + 1 - size - b))
     return pads[:rank] + ends
 
 
@@ -73,15 +78,36 @@ def _forget_shapes(g: onnx.GraphProto, names: set[str]) -> None:
             out.type.tensor_type.ClearField("shape")
 
 
-def _shapes(m: onnx.ModelProto) -> dict[str, list[int]]:
-    """Tensor name -> static shape, by ONNX shape inference."""
+def _shapes(m: onnx.ModelProto) -> dict[str, tuple[list[int], int]]:
+    """Tensor name -> (static shape, element type), by ONNX shape inference."""
     g = onnx.shape_inference.infer_shapes(m).graph
     out = {}
     for v in [*g.input, *g.value_info, *g.output]:
         dims = v.type.tensor_type.shape.dim
         if v.type.tensor_type.HasField("shape") and all(d.HasField("dim_value") for d in dims):
-            out[v.name] = [d.dim_value for d in dims]
+            out[v.name] = ([d.dim_value for d in dims], v.type.tensor_type.elem_type)
     return out
+
+
+def _needs_explicit_pad(pads: list[int], kernel: list[int], elem: int) -> bool:
+    r = len(kernel)
+    return any(e >= k for e, k in zip(pads[r:], kernel)) or (elem != TensorProto.FLOAT and pads[:r] != pads[r:])
+
+
+def _explicit_pad(g: onnx.GraphProto, node: onnx.NodeProto, pads: list[int], elem: int) -> onnx.NodeProto:
+    """A constant ``Pad`` of ``node``'s input with ``_PAD_MIN``; the pool keeps no pads."""
+    base = f"{node.name or node.output[0]}_ceil_pad"
+    r = len(pads) // 2
+    g.initializer.extend([numpy_helper.from_array(np.array([0, 0, *pads[:r], 0, 0, *pads[r:]], np.int64),
+                                                  f"{base}_pads"),
+                          numpy_helper.from_array(np.array(_PAD_MIN[elem]), f"{base}_value")])
+    pad = helper.make_node("Pad", [node.input[0], f"{base}_pads", f"{base}_value"], [f"{base}_out"],
+                           name=base, mode="constant")
+    node.input[0] = pad.output[0]
+    kept = [a for a in node.attribute if a.name != "pads"]
+    del node.attribute[:]
+    node.attribute.extend(kept)
+    return pad
 
 
 def ceil_pools_to_floor(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -94,20 +120,35 @@ def ceil_pools_to_floor(model: onnx.ModelProto) -> onnx.ModelProto:
     m = onnx.ModelProto()
     m.CopyFrom(model)
     g = m.graph
-    shapes, resized = _shapes(m), False
+    shapes, resized, pad_before = _shapes(m), False, {}
     for node in [n for n in g.node if _is_ceil_pool(n)]:
-        shape = shapes.get(node.input[0])
-        pads = floor_pads(shape[2:], _attrs(node)) if shape and len(shape) > 2 else None
-        if pads is None:
-            continue   # left to the compiler (a clean error if torch-mlir mis-sizes it)
+        shape, elem = shapes.get(node.input[0], (None, None))
+        if not shape or len(shape) < 3:
+            continue   # untyped: left to the compiler (a clean error if torch-mlir mis-sizes it)
+        pads = floor_pads(shape[2:], _attrs(node))
+        explicit = _needs_explicit_pad(pads, list(_attrs(node)["kernel_shape"]), elem)
+        if explicit and (elem not in _PAD_MIN or _opset(m) < 11):
+            continue
         kept = [a for a in node.attribute if a.name not in ("ceil_mode", "pads")]
         del node.attribute[:]
         node.attribute.extend(kept + [helper.make_attribute("pads", pads)])
-        declared = shapes.get(node.output[0])
-        if declared is None or declared[2:] != _floor_size(shape[2:], _attrs(node)):
+        declared = shapes.get(node.output[0], ([],))[0]
+        if declared[2:] != _floor_size(shape[2:], _attrs(node)):
             _forget_shapes(g, _downstream(g, node))
             shapes, resized = _shapes(m), True
-    return onnx.shape_inference.infer_shapes(m) if resized else m
+        if explicit:
+            pad_before[node.output[0]] = _explicit_pad(g, node, pads, elem)
+    if pad_before:
+        nodes = []
+        for n in g.node:
+            nodes += [pad_before[n.output[0]], n] if n.output and n.output[0] in pad_before else [n]
+        del g.node[:]
+        g.node.extend(nodes)
+    return onnx.shape_inference.infer_shapes(m) if resized or pad_before else m
+
+
+def _opset(m: onnx.ModelProto) -> int:
+    return next((o.version for o in m.opset_import if o.domain in ("", "ai.onnx")), 0)
 
 
 def _floor_size(spatial: list[int], attrs: dict) -> list[int]:
