@@ -116,3 +116,21 @@ def test_quantized_ceil_pools_compile_and_match_ort(pool, fmt, seed):
     r = verify(c, seed=seed)
     assert all(o.exact for o in r.outputs if o.mode == "ort"), r.outputs
     assert all(od.explained for od in r.op_diffs)
+
+
+def test_a_chain_of_pools_sees_each_true_input_size():
+    """Dilated (explicit Pad) → mis-sized (a dropped window) → mis-sized: each pool is rewritten
+    from its input's true size, and the declared output follows ORT."""
+    n = helper.make_node
+    m = model([n("MaxPool", ["p_in"], ["a"], kernel_shape=[2, 2], strides=[3, 3], dilations=[2, 2],
+                 pads=[1, 1, 1, 1], ceil_mode=1),
+               n("MaxPool", ["a"], ["b"], kernel_shape=[1, 1], strides=[2, 2], ceil_mode=1),
+               n("MaxPool", ["b"], ["z"], kernel_shape=[2, 1], strides=[3, 1], ceil_mode=1)],
+              [("p_in", [1, 2, 9, 9])], ["z"])
+    x = np.random.default_rng(0).standard_normal((1, 2, 9, 9)).astype(np.float32)
+    floor = ceil_pools_to_floor(m)
+    assert [x.op_type for x in floor.graph.node] == ["Pad", "MaxPool", "MaxPool", "MaxPool"]
+    onnx.checker.check_model(floor, full_check=True)
+    want = run(m, {"p_in": x})["z"]
+    assert [d.dim_value for d in floor.graph.output[0].type.tensor_type.shape.dim] == list(want.shape)
+    np.testing.assert_array_equal(run(floor, {"p_in": x})["z"], want)

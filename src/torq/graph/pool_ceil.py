@@ -120,8 +120,9 @@ def ceil_pools_to_floor(model: onnx.ModelProto) -> onnx.ModelProto:
     m = onnx.ModelProto()
     m.CopyFrom(model)
     g = m.graph
-    shapes, resized, pad_before = _shapes(m), False, {}
-    for node in [n for n in g.node if _is_ceil_pool(n)]:
+    shapes, changed = _shapes(m), False
+    for out in [n.output[0] for n in g.node if _is_ceil_pool(n)]:
+        node = next(n for n in g.node if out in n.output)   # _insert_before rebuilds g.node
         shape, elem = shapes.get(node.input[0], (None, None))
         if not shape or len(shape) < 3:
             continue   # untyped: left to the compiler (a clean error if torch-mlir mis-sizes it)
@@ -132,19 +133,24 @@ def ceil_pools_to_floor(model: onnx.ModelProto) -> onnx.ModelProto:
         kept = [a for a in node.attribute if a.name not in ("ceil_mode", "pads")]
         del node.attribute[:]
         node.attribute.extend(kept + [helper.make_attribute("pads", pads)])
-        declared = shapes.get(node.output[0], ([],))[0]
-        if declared[2:] != _floor_size(shape[2:], _attrs(node)):
+        mis_sized = shapes.get(node.output[0], ([],))[0][2:] != _floor_size(shape[2:], _attrs(node))
+        if mis_sized:
             _forget_shapes(g, _downstream(g, node))
-            shapes, resized = _shapes(m), True
         if explicit:
-            pad_before[node.output[0]] = _explicit_pad(g, node, pads, elem)
-    if pad_before:
-        nodes = []
-        for n in g.node:
-            nodes += [pad_before[n.output[0]], n] if n.output and n.output[0] in pad_before else [n]
-        del g.node[:]
-        g.node.extend(nodes)
-    return onnx.shape_inference.infer_shapes(m) if resized or pad_before else m
+            _insert_before(g, node.output[0], _explicit_pad(g, node, pads, elem))
+        if mis_sized:
+            shapes = _shapes(m)
+        changed |= mis_sized or explicit
+    return onnx.shape_inference.infer_shapes(m) if changed else m
+
+
+def _insert_before(g: onnx.GraphProto, output: str, new: onnx.NodeProto) -> None:
+    """Put ``new`` right before the node writing ``output``."""
+    nodes = []
+    for n in g.node:
+        nodes += [new, n] if output in n.output else [n]
+    del g.node[:]
+    g.node.extend(nodes)
 
 
 def _opset(m: onnx.ModelProto) -> int:
