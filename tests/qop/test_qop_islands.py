@@ -108,3 +108,12 @@ def test_a_reader_that_cannot_rewind_is_a_clear_error():
 
     with pytest.raises(TorqError, match="rewind"):
         quantize(m, quant_format="qoperator", calibration_data_reader=OnePass())
+
+
+def test_the_quantize_summary_names_the_wrapped_ops():
+    from torq.quantize.summary import summary_lines
+    m = island_cnn()
+    lines = summary_lines(m, quantize(m, quant_format="qoperator", num_calib=4))
+    (line,) = [ln for ln in lines if ln.startswith("in Q/DQ:")]
+    assert "HardSwish x1" in line and "BatchNormalization x1" in line and "GlobalAveragePool x2" in line
+    assert not any(ln.startswith("in Q/DQ:") for ln in summary_lines(m, quantize(m, num_calib=4)))
