@@ -117,3 +117,19 @@ def test_the_quantize_summary_names_the_wrapped_ops():
     (line,) = [ln for ln in lines if ln.startswith("in Q/DQ:")]
     assert "HardSwish x1" in line and "BatchNormalization x1" in line and "GlobalAveragePool x2" in line
     assert not any(ln.startswith("in Q/DQ:") for ln in summary_lines(m, quantize(m, num_calib=4)))
+
+
+def test_constant_operands_of_an_island_stay_constants():
+    """GELU's x / √2 as the torch exporter writes it: Div by a Constant node's scalar. The Div
+    is an island op; its Constant operand is no activation and gets no Q/DQ of its own."""
+    from onnx import helper
+    m = island_at_output()
+    g = m.graph
+    g.node[-1].output[0] = "h"
+    g.node.extend([helper.make_node("Constant", [], ["sqrt2"], value_float=1.4142135),
+                   helper.make_node("Div", ["h", "sqrt2"], ["y"])])
+    q = quantize(m, quant_format="qoperator", num_calib=4)
+    assert unquantized_tensors(q) == []
+    assert not any(n.op_type == "QuantizeLinear" and n.input[0] == "sqrt2" for n in q.graph.node)
+    c = torq.compile(q)
+    assert c.report.unsupported == [] and verify(c, seed=2).ok

@@ -30,15 +30,16 @@ _Q, _DQ = "QuantizeLinear", "DequantizeLinear"
 
 
 def _float_tensors(q: onnx.ModelProto) -> set[str]:
-    """Names of the float32 activations of ``q`` (ONNX type inference; contrib ops stay untyped)."""
+    """Names of the float32 activations of ``q`` (ONNX type inference; contrib ops stay untyped;
+    initializers and Constant outputs -- the exporter's scalars, e.g. GELU's 1/√2 -- are not)."""
     try:
         m = onnx.shape_inference.infer_shapes(q)
     except Exception:   # noqa: BLE001 - an untyped graph: fall back to the recorded types
         m = q
     g = m.graph
     typed = list(g.input) + list(g.value_info) + list(g.output)
-    inits = {t.name for t in g.initializer}
-    return {v.name for v in typed if v.type.tensor_type.elem_type == TensorProto.FLOAT} - inits
+    consts = {t.name for t in g.initializer} | {o for n in g.node if n.op_type == "Constant" for o in n.output}
+    return {v.name for v in typed if v.type.tensor_type.elem_type == TensorProto.FLOAT} - consts
 
 
 def island_nodes(q: onnx.ModelProto, floats: set[str] | None = None) -> list[onnx.NodeProto]:
