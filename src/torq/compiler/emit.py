@@ -18,10 +18,12 @@ from .lowering import DATA_MOVEMENT, Unsupported, func_ops
 
 
 def emit_program(module, unsupported: list[Unsupported] = (), onnx_ops: dict | None = None,
-                 input_names=(), output_names=(), uint8_inputs=(), uint8_outputs=(), io_quant=None) -> Program:
+                 input_names=(), output_names=(), uint8_inputs=(), uint8_outputs=(), io_quant=None,
+                 recorded: dict | None = None) -> Program:
     """The Program of `module` (torq_hl + data movement only). `onnx_ops`: "LINE:COL" -> ONNX op;
-    `io_quant`: {"inputs"|"outputs": {name: {"scale", "zero_point"}}} of integer graph I/O."""
-    program = _Emitter(module, unsupported, onnx_ops or {}).program(
+    `io_quant`: {"inputs"|"outputs": {name: {"scale", "zero_point"}}} of integer graph I/O;
+    `recorded`: the torq_hl attribute values kept while lowering (`torq_hl.recording`)."""
+    program = _Emitter(module, unsupported, onnx_ops or {}, recorded).program(
         list(input_names), list(output_names), set(uint8_inputs), set(uint8_outputs))
     io_quant = io_quant or {}
     for ports, key in ((program.inputs, "inputs"), (program.outputs, "outputs")):
@@ -33,8 +35,8 @@ def emit_program(module, unsupported: list[Unsupported] = (), onnx_ops: dict | N
 
 
 class _Emitter:
-    def __init__(self, module, unsupported, onnx_ops):
-        self.module, self.onnx_ops = module, onnx_ops
+    def __init__(self, module, unsupported, onnx_ops, recorded=None):
+        self.module, self.onnx_ops, self.recorded = module, onnx_ops, recorded
         self.reasons = {(u.op, u.location): u for u in unsupported}
         self.slots: dict = {}
         self.folder = L.Folder()
@@ -82,7 +84,7 @@ class _Emitter:
     def _step(self, op) -> Step:
         name, res = op.name, op.results[0]
         if name.startswith("torq_hl."):
-            operands, attrs = list(op.operands)[1:], torq_hl.op_attrs(op)   # operand 0 is the init
+            operands, attrs = list(op.operands)[1:], torq_hl.op_attrs(op, self.recorded)   # operand 0: init
         else:
             operands, attrs = self._data_movement(op)
         args = [self.slots[self._key(v)] for v in operands]

@@ -53,21 +53,20 @@ def func_ops(module):
     return [op.operation for op in funcs[0].regions[0].blocks[0].operations]
 
 
-def _replace(old_op, new_op):
+def _replace(ctx: Ctx, old_op, new_op):
+    ctx.replaced(old_op.results[0])
     old_op.results[0].replace_all_uses_with(new_op.results[0])
 
 
 def dce(module) -> None:
-    """Erase ops whose results are unused (everything here is side-effect free), to a fixpoint."""
-    changed = True
-    while changed:
-        changed = False
-        for op in reversed(func_ops(module)):
-            if op.name == "func.return" or not len(op.results):
-                continue
-            if all(not list(r.uses) for r in op.results):
-                op.erase()
-                changed = True
+    """Erase ops whose results are unused (everything here is side-effect free). One pass from
+    the end reaches the fixpoint: an op's users (or the ops whose regions use it) come after it
+    in the block, so they are gone by the time it is looked at."""
+    for op in reversed(func_ops(module)):
+        if op.name == "func.return" or not len(op.results):
+            continue
+        if all(next(iter(r.uses), None) is None for r in op.results):
+            op.erase()
 
 
 def lower(module, ort_zp_shift: int = 0, onnx_ops: dict | None = None) -> LoweringReport:
@@ -91,22 +90,23 @@ def _lower(module, ctx: Ctx) -> LoweringReport:
             m = rule.match_op(ctx, op)
             if m is None or isinstance(m, Fail):
                 continue
-            _replace(op, rule.rewrite_op(ctx, op, m))
+            _replace(ctx, op, rule.rewrite_op(ctx, op, m))
             break
     dce(module)
+    ctx.erased()
     # Fallbacks: standalone quantize / dequantize generics.
     for op in func_ops(module):
         root = ctx.quant_root(op)
         if root is not None:
             m = QuantizeFallback().match(ctx, root)
             if not isinstance(m, Fail):
-                _replace(root.op, QuantizeFallback().rewrite(ctx, root, m))
+                _replace(ctx, root.op, QuantizeFallback().rewrite(ctx, root, m))
             continue
         g = ctx.generic(op)
         d = R.as_dequant(g) if g is not None else None
         if d is not None and L.np_dtype(g.inputs[d.source_index].type) in (np.int8, np.uint8):
             try:
-                _replace(op, DequantizeFallback().rewrite(ctx, g))
+                _replace(ctx, op, DequantizeFallback().rewrite(ctx, g))
             except ValueError as e:     # e.g. a per-channel dequantize feeding an unlowered op
                 ctx.fail(op, f"standalone DequantizeLinear: {e}")
     dce(module)
@@ -128,7 +128,7 @@ def _lower_root(ctx: Ctx, op) -> None:
             new = ctx.fail(root.op, str(e))
         if isinstance(new, Fail):
             continue
-        _replace(root.op, new)
+        _replace(ctx, root.op, new)
         return
 
 

@@ -23,7 +23,7 @@ from ..graph.specialise import specialise_dynamic_dims
 from ..graph.validate import validate
 from ..program import Program
 from ..quantize.full_integer import io_quant_params
-from . import importer, lowering
+from . import importer, lowering, torq_hl
 from .emit import emit_program
 
 STAGES = ("torch_onnx", "torch", "linalg", "torq_hl")
@@ -97,18 +97,19 @@ def compile(model, debug_ir: str | os.PathLike | None = None, name: str | None =
     module = importer.lower_to_linalg(imported, dump=dump)
     t2 = time.perf_counter()
     onnx_ops = {loc: op for op, loc in imported.operator_locations}
-    report = lowering.lower(module, ort_zp_shift=numerics.UINT8_SHIFT if shifted else 0, onnx_ops=onnx_ops)
+    with torq_hl.recording() as recorded:
+        report = lowering.lower(module, ort_zp_shift=numerics.UINT8_SHIFT if shifted else 0, onnx_ops=onnx_ops)
     try:
         module.operation.verify()      # the torq_hl dialect is IRDL-registered: attributes are checked
     except Exception as e:  # noqa: BLE001 - an invalid module is a compiler bug, say where
         raise RuntimeError(f"lowering produced an invalid module: {str(e).splitlines()[1:2]}") from None
-    stages["torq_hl"] = module.operation.get_asm()
+    stages["torq_hl"] = module.operation.get_asm    # printed on first read (weights included)
     t3 = time.perf_counter()
     ins, outs = _graph_io(model)
     program, why = None, None
     try:
         program = emit_program(module, report.unsupported, onnx_ops, ins, outs, u8_in, u8_out,
-                               io_quant_params(original))
+                               io_quant_params(original), recorded)
     except TorqError as e:
         why = str(e)
     t4 = time.perf_counter()

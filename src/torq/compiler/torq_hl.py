@@ -27,6 +27,9 @@ Semantics (NCHW, int8 activations; see runtime/nss.py and torq/numerics):
 """
 from __future__ import annotations
 
+import contextlib
+from contextvars import ContextVar
+
 import numpy as np
 
 I32, I64A, F32A, STR, DENSE = "i32", "i64_array", "f32_array", "str", "dense"
@@ -90,10 +93,16 @@ def irdl_text() -> str:
 
 def register_dialect(ctx) -> None:
     from torch_mlir import ir
+    from torch_mlir._mlir_libs._mlir import globals as mlir_globals
     from torch_mlir.dialects import irdl
 
     with ctx, ir.Location.unknown():
         irdl.load_dialects(ir.Module.parse(irdl_text()))
+    # The bindings import `<prefix>.<dialect>` each time they wrap an op and remember only a
+    # success: without a module to find, every torq_hl op cost a failed import (~10k of them,
+    # 1-2 s, for DenseNet-121). This module is that dialect module (it has no op classes).
+    if __package__ not in mlir_globals.dialect_search_modules:
+        mlir_globals.append_dialect_search_prefix(__package__)
 
 
 def make_attr(kind: str, value):
@@ -102,7 +111,7 @@ def make_attr(kind: str, value):
     if kind == I32:
         return ir.IntegerAttr.get(ir.IntegerType.get_signless(32), int(value))
     if kind == I64A:
-        return ir.DenseI64ArrayAttr.get(np.ravel(np.asarray(value, np.int64)).tolist())   # tolist: 10x faster than int()
+        return ir.DenseI64ArrayAttr.get(_i64_values(value).tolist())   # tolist: 10x faster than int()
     if kind == F32A:
         return ir.DenseF32ArrayAttr.get([float(v) for v in np.ravel(np.asarray(value, np.float32))])
     if kind == STR:
@@ -115,12 +124,31 @@ def read_attr(kind: str, attr):
     if kind == I32:
         return int(attr.value)
     if kind == I64A:
-        return np.array(list(attr), dtype=np.int64)
+        return np.fromiter(attr, dtype=np.int64, count=len(attr))
     if kind == F32A:
         return np.array(list(attr), dtype=np.float32)
     if kind == STR:
         return str(attr.value)
     raise ValueError(kind)
+
+
+def _i64_values(value) -> np.ndarray:
+    return np.ravel(np.asarray(value, np.int64))
+
+
+_RECORDED: ContextVar[dict | None] = ContextVar("torq_hl_recorded", default=None)
+
+
+@contextlib.contextmanager
+def recording():
+    """Within it, `create` keeps every op's attribute values ({op: (name, values)}), which
+    `op_attrs(op, recorded)` returns instead of reading them back: MLIR's bindings read an
+    array attribute one Python int at a time, and a per-channel table holds C·256 of them."""
+    token = _RECORDED.set({})
+    try:
+        yield _RECORDED.get()
+    finally:
+        _RECORDED.reset(token)
 
 
 def create(name: str, result_type, operands, attrs: dict, loc, ip):
@@ -134,13 +162,23 @@ def create(name: str, result_type, operands, attrs: dict, loc, ip):
     extra = set(attrs) - set(kinds)
     if missing or extra:
         raise ValueError(f"torq_hl.{name}: missing {sorted(missing)} unexpected {sorted(extra)}")
-    return ir.Operation.create(f"torq_hl.{name}", results=[result_type], operands=list(operands),
-                               attributes={k: make_attr(kinds[k], v) for k, v in attrs.items()},
-                               loc=loc, ip=ip)
+    arrays = {k: _i64_values(v) for k, v in attrs.items() if kinds[k] == I64A}
+    built = {k: make_attr(kinds[k], arrays.get(k, v)) for k, v in attrs.items()}
+    op = ir.Operation.create(f"torq_hl.{name}", results=[result_type], operands=list(operands),
+                             attributes=built, loc=loc, ip=ip)
+    recorded = _RECORDED.get()
+    if recorded is not None:   # the small ones read back: exactly what the IR holds
+        recorded[op] = (op.name, {k: arrays[k].copy() if k in arrays else read_attr(kinds[k], a)
+                                  for k, a in built.items()})
+    return op
 
 
-def op_attrs(op) -> dict:
-    """All attributes of a torq_hl op as python/numpy values."""
+def op_attrs(op, recorded: dict | None = None) -> dict:
+    """All attributes of a torq_hl op as python/numpy values (from `recorded`, see `recording`,
+    when it holds this op)."""
+    hit = recorded.get(op) if recorded else None
+    if hit is not None and hit[0] == op.name:
+        return {k: v.copy() if isinstance(v, np.ndarray) else v for k, v in hit[1].items()}
     name = op.name.split(".", 1)[1]
     _, kinds = OPS[name]
     return {k: read_attr(kind, op.attributes[k]) for k, kind in kinds.items()}

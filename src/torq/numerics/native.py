@@ -102,10 +102,12 @@ def per_channel_multipliers(scales) -> tuple[np.ndarray, int]:
     """
     sc = np.asarray(scales, dtype=_F64).reshape(-1)
     vals = [_check_scale(s) for s in sc]
-    shifts = [multiplier_and_shift(s)[1] for s in vals if s != 0.0]
-    shift = min(shifts) if shifts else ZERO_SCALE_SHIFT
-    mults = np.array([_llround_pow2(s, shift) if s != 0.0 else 0 for s in vals], dtype=np.int64)
-    return mults, shift
+    # llround(v * 2**s) never decreases with v, so the largest scale has the smallest shift
+    # (one search instead of one per channel); equal scales share their multiplier.
+    largest = max(vals, default=0.0)
+    shift = multiplier_and_shift(largest)[1] if largest != 0.0 else ZERO_SCALE_SHIFT
+    mult = {v: _llround_pow2(v, shift) if v != 0.0 else 0 for v in set(vals)}
+    return np.array([mult[v] for v in vals], dtype=np.int64), shift
 
 
 

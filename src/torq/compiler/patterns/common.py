@@ -46,9 +46,28 @@ class Ctx:
         self.folder = L.Folder()
         self.reasons: dict = {}   # id(compute op) -> (op, reason)
         self.ort_zp_shift = ort_zp_shift   # 128 when uint8 activations were shifted (graph/signedness.py)
+        self._generics: dict = {}  # op -> {force_var: Generic}: each rule reads the same ops again
 
-    def generic(self, op):
-        return L.Generic(op, self.folder) if op is not None and op.name == "linalg.generic" else None
+    def generic(self, op, force_var=()):
+        """The `linalg_view.Generic` of a linalg.generic op (None for any other op), memoised:
+        its operands stay valid until a rewrite replaces one (`replaced` forgets its users)."""
+        if op is None or op.name != "linalg.generic":
+            return None
+        views = self._generics.setdefault(L.id_of(op), {})
+        g = views.get(tuple(force_var))
+        if g is None:
+            g = views[tuple(force_var)] = L.Generic(op, self.folder, force_var=force_var)
+        return g
+
+    def replaced(self, value) -> None:
+        """`value` is about to be replaced: the generics reading it must be re-read."""
+        for use in value.uses:
+            self._generics.pop(L.id_of(use.owner), None)
+
+    def erased(self) -> None:
+        """Ops were erased: forget what was read from them (a new op may reuse an address)."""
+        self._generics.clear()
+        self.folder = L.Folder()
 
     def producer(self, value):
         return L.producer(value)
@@ -66,7 +85,7 @@ class Ctx:
             ints = [i for i, v in enumerate(g.inputs) if L.element_type(v).startswith("i")]
             if len(ints) < 1:
                 return None
-            g = L.Generic(op, self.folder, force_var=(ints[0],))
+            g = self.generic(op, force_var=(ints[0],))
         d = R.as_dequant(g)
         if d is None:
             return None

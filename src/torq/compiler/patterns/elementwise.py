@@ -36,7 +36,7 @@ class QBinary:
             return None
         consts = tuple(g.consts)
         if len(g.var_inputs) == 1 and len(consts) == 1:   # x op DQ(integer constant): a quantized weight
-            g = L.Generic(op, ctx.folder, force_var=consts)
+            g = ctx.generic(op, force_var=consts)
         pair = R.as_binary(g, self.arith)
         if pair is None:
             return None
