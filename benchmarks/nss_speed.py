@@ -1,6 +1,9 @@
 """NSS simulator speed on ResNet-18 (224x224, batch 1, A8W8 QDQ full-integer), side by side with ORT.
 
-    .venv/bin/python benchmarks/nss_speed.py [--per-channel] [--rounds 7] [--threads 2]
+    .venv/bin/python benchmarks/nss_speed.py [--per-channel] [--rounds 7] [--threads 2] [--batch B]
+
+With --batch B every variant runs the model compiled for B images per call (B different
+images); times are printed per call and per image, with images/s.
 
 One process, interleaved round-robin: every round runs each variant in turn, so a slow period on
 the (noisy, 2-vCPU) host hits all variants alike. Variants:
@@ -146,9 +149,9 @@ def profile_nss(program, x, top: int) -> str:
     return "\n".join([total, *(short(ln) for ln in lines[start:] if ln.strip())])
 
 
-def step_times(program, x, reps: int) -> str:
+def step_times(program, x, reps: int, batch: int = 1) -> str:
     """Median time of every NSS step (native rounding) over ``reps`` whole-program runs: totals
-    per op kind, then the slowest steps with their operand shapes."""
+    per op kind, then the slowest steps with their operand shapes (per call of ``batch`` images)."""
     per_step: list[list[float]] = [[] for _ in program.kernels]
     shapes: list[str] = [""] * len(program.kernels)
     saved = [st.fn for st in program.kernels]
@@ -174,7 +177,7 @@ def step_times(program, x, reps: int) -> str:
     kinds: dict[str, list[float]] = {}
     for st, m in zip(program.kernels, med):
         kinds.setdefault(st.step.op, []).append(m)
-    lines = [f"sum of step medians {total:.1f} ms; per op kind:"]
+    lines = [f"sum of step medians {total:.1f} ms per call of {batch} = {total / batch:.2f} ms per image; per op kind:"]
     for name, ms in sorted(kinds.items(), key=lambda kv: -sum(kv[1])):
         lines.append(f"  {name:28s}{len(ms):4d} steps {sum(ms):8.2f} ms {100 * sum(ms) / total:5.1f} %")
     lines.append("slowest steps (operand shapes):")
@@ -183,13 +186,13 @@ def step_times(program, x, reps: int) -> str:
     return "\n".join(lines)
 
 
-def load_fp32(name: str, hw: int):
-    """(fp32 model with batch 1, title) for --model."""
-    if name == "resnet18":
-        return zoo.resnet18(hw), "ResNet-18 stand-in (torq.zoo, random weights)"
-    if name == "mobilenetv2":
-        return zoo.mobilenet_v2(hw), "MobileNetV2 stand-in (torq.zoo, random weights)"
+def load_fp32(name: str, hw: int, batch: int = 1):
+    """(fp32 model with batch ``batch``, title) for --model."""
     from torq.evaluate.engines import with_batch
+    if name == "resnet18":
+        return with_batch(zoo.resnet18(hw), batch), "ResNet-18 stand-in (torq.zoo, random weights)"
+    if name == "mobilenetv2":
+        return with_batch(zoo.mobilenet_v2(hw), batch), "MobileNetV2 stand-in (torq.zoo, random weights)"
     from torq.quantize.fold import fold_fp32
     if name == "effnet":
         sys.path.insert(0, str(Path(__file__).resolve().parent / "models"))
@@ -199,7 +202,7 @@ def load_fp32(name: str, hw: int):
         path, title = name, Path(name).name
     from torq.quantize.dead_channels import zero_dead_channels
     fp32, _ = zero_dead_channels(fold_fp32(onnx.load(path)))     # as `evaluate` quantizes it
-    return with_batch(fp32, 1), title
+    return with_batch(fp32, batch), title
 
 
 def main(argv=None) -> int:
@@ -211,6 +214,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=7, help="interleaved rounds (default 7)")
     ap.add_argument("--threads", type=int, default=2, help="ORT intra_op_num_threads (default 2)")
     ap.add_argument("--hw", type=int, default=224, help="input height = width (default 224)")
+    ap.add_argument("--batch", type=int, default=1, help="images per call, every variant (default 1)")
     ap.add_argument("--num-calib", type=int, default=16, help="calibration samples (default 16)")
     ap.add_argument("--min-time", type=float, default=0.25,
                     help="seconds of calls per variant per round, at least one call (default 0.25)")
@@ -221,12 +225,13 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", action="store_true",
                     help="also time every NSS step (native) and print totals per op kind and the slowest steps")
     args = ap.parse_args(argv)
-    if args.rounds < 1 or args.threads < 1:
-        ap.error("--rounds and --threads must be >= 1")
+    if args.rounds < 1 or args.threads < 1 or args.batch < 1:
+        ap.error("--rounds, --threads and --batch must be >= 1")
 
     qname = "per-channel" if args.per_channel else "per-tensor"
-    fp32, title = load_fp32(args.model, args.hw)
-    print(f"{title}, 1x3x{args.hw}x{args.hw}, A8W8 QDQ full-integer "
+    B = args.batch
+    fp32, title = load_fp32(args.model, args.hw, B)
+    print(f"{title}, {B}x3x{args.hw}x{args.hw}, A8W8 QDQ full-integer "
           f"{qname}, {args.num_calib} calibration samples")
     print(f"ORT {ort.__version__}, intra_op={args.threads}, inter_op=1, ENABLE_ALL; numpy {np.__version__}; "
           f"{os.cpu_count()} CPUs; {args.rounds} interleaved rounds")
@@ -269,7 +274,7 @@ def main(argv=None) -> int:
         bar.update(setup, advance=1)
 
         # Same image for everyone: a float input, and its int8 image under the model's input qparams.
-        xf = np.random.default_rng(0).uniform(-1, 1, (1, 3, args.hw, args.hw)).astype(np.float32)
+        xf = np.random.default_rng(0).uniform(-1, 1, (B, 3, args.hw, args.hw)).astype(np.float32)
         iq = io_quant_params(q)["inputs"]["input"]
         xq = np.clip(np.rint(xf / np.float32(iq["scale"])) + iq["zero_point"], -128, 127).astype(np.int8)
         variants = {
@@ -299,7 +304,7 @@ def main(argv=None) -> int:
         steps = None
         if args.steps:
             bar.add_task("time NSS steps", total=None)
-            steps = step_times(program, xq, reps=11)
+            steps = step_times(program, xq, reps=11, batch=B)
 
     tm = compiled.timings
     print()
@@ -319,10 +324,11 @@ def main(argv=None) -> int:
         print(f"  {name:24s}{verdict}")
 
     print()
-    print(f"{'variant':24s}{'median ms':>11s}{'min ms':>9s}{'x ORT fp32':>12s}")
+    print(f"{'variant':24s}{'median ms':>11s}{'min ms':>9s}{'ms/image':>10s}{'images/s':>10s}{'x ORT fp32':>12s}")
     for name, ts in per_round.items():
         ratio = statistics.median(t / f for t, f in zip(ts, per_round["ORT fp32"]))
-        print(f"{name:24s}{statistics.median(ts) * 1e3:11.1f}{min(ts) * 1e3:9.1f}{ratio:12.2f}")
+        med = statistics.median(ts)
+        print(f"{name:24s}{med * 1e3:11.1f}{min(ts) * 1e3:9.1f}{med * 1e3 / B:10.2f}{B / med:10.1f}{ratio:12.2f}")
     print("(median over rounds of each round's median call; ratio = median of same-round ratios)")
     print(f"peak RSS {peak_rss_mb():.0f} MB")
     if profile is not None:

@@ -13,12 +13,12 @@ import numpy as np
 
 from . import linalg_view as L
 from . import recognise as R
-from .patterns import conv, data_movement, elementwise, fully_connected, pooling, table
-from .patterns.common import Ctx, Fail
+from .patterns import conv, data_movement, elementwise, fully_connected, matmul, movement_chain, pooling, table
+from .patterns.common import Ctx, Fail, constant
 from .patterns.quant_fallback import DequantizeFallback, QuantizeFallback
 
-RULES = [*conv.RULES, *fully_connected.RULES, *elementwise.RULES, *pooling.RULES,
-         *data_movement.RULES, *table.RULES]
+RULES = [*conv.RULES, *fully_connected.RULES, *matmul.RULES, *elementwise.RULES, *pooling.RULES,
+         *data_movement.RULES, *movement_chain.RULES, *table.RULES]
 # Rules rooted at an integer compute op rather than a quantize (ops ORT already runs on int8).
 OP_RULES = [*pooling.OP_RULES]
 
@@ -94,6 +94,7 @@ def _lower(module, ctx: Ctx) -> LoweringReport:
             break
     dce(module)
     ctx.erased()
+    _materialize_constants(ctx, module)
     # Fallbacks: standalone quantize / dequantize generics.
     for op in func_ops(module):
         root = ctx.quant_root(op)
@@ -111,6 +112,21 @@ def _lower(module, ctx: Ctx) -> LoweringReport:
                 ctx.fail(op, f"standalone DequantizeLinear: {e}")
     dce(module)
     return report(module, ctx)
+
+
+def _materialize_constants(ctx: Ctx, module) -> None:
+    """A generic computed from constants only that torq_hl ops read (the Q of a scalar constant
+    an int8 Add/Mul takes, e.g. GELU's +1 and ·0.5) becomes the arith.constant of its value."""
+    from torch_mlir import ir
+    for op in func_ops(module):
+        if op.name != "linalg.generic" or L.element_type(op.results[0]) not in ("i8", "i16", "i32"):
+            continue
+        users = [u.owner.name for u in op.results[0].uses]
+        if not users or not all(u.startswith("torq_hl.") for u in users):
+            continue
+        value = ctx.const(op.results[0])
+        if value is not None:
+            _replace(ctx, op, constant(value, L.element_type(op.results[0]), op.location, ir.InsertionPoint(op)).owner)
 
 
 def _lower_root(ctx: Ctx, op) -> None:
@@ -145,8 +161,23 @@ def report(module, ctx: Ctx | None = None) -> LoweringReport:
             onnx_op = ctx.onnx_op(op) if ctx else ""
             if onnx_op in NO_INTEGER_FORM:
                 why = NO_INTEGER_FORM[onnx_op]
+            elif ctx and onnx_op in ("DequantizeLinear", "QuantizeLinear"):
+                why = _constant_for(ctx, op) or why
             rep.unsupported.append(Unsupported(name, L.location_key(op), f"{onnx_op}: {why}" if onnx_op else why))
     return rep
+
+
+def _constant_for(ctx: Ctx, op) -> str | None:
+    """Why a Q/DQ of a constant stayed: it only feeds ops that are themselves off the NSS (e.g.
+    LayerNorm's int32 bias), so the reason is theirs."""
+    g = ctx.generic(op)
+    if g is None or g.var_inputs:
+        return None
+    readers = sorted({ctx.onnx_op(u.owner) or u.owner.name for r in op.results for u in r.uses})
+    if not readers:
+        return None
+    why = f"a constant (weight or bias) read only by {', '.join(readers)}, which runs off the NSS"
+    return why + (f" ({NO_INTEGER_FORM[readers[0]]})" if len(readers) == 1 and readers[0] in NO_INTEGER_FORM else "")
 
 
 # ONNX ops ORT runs in float between DQ and Q whose result is no function of one int8 value, a
@@ -154,6 +185,8 @@ def report(module, ctx: Ctx | None = None) -> LoweringReport:
 NO_INTEGER_FORM = {
     "LayerNormalization": "LayerNorm divides by the square root of a per-position variance over the "
                           "channels (a float reduction of the activations): no exact integer form on the NSS",
+    "Softmax": "ORT runs it as QLinearSoftmax: an exp lookup table summed along each row, every entry "
+               "then divided by its row's sum in float32; the NSS has no divider, so no exact integer form",
 }
 
 

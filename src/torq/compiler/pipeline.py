@@ -19,6 +19,7 @@ from ..fileio import atomic_write_text
 from ..graph import signedness
 from ..graph.canonicalize import canonicalize
 from ..graph.load import load_model
+from ..graph.shapes import fold_shape_arithmetic, slice_constant_gathers
 from ..graph.specialise import specialise_dynamic_dims
 from ..graph.validate import validate
 from ..program import Program
@@ -74,6 +75,14 @@ def _graph_io(model):
     return ([i.name for i in model.graph.input if i.name not in inits], [o.name for o in model.graph.output])
 
 
+def import_graph(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The ONNX graph whose k-th non-Constant node is the k-th imported torch.operator: batch 1
+    (graph/specialise.py), contrib ops in standard form, shape arithmetic folded and constant-index
+    Gathers as slices (graph/shapes.py). `gen_config run` partitions this same graph."""
+    model = canonicalize(specialise_dynamic_dims(model))
+    return slice_constant_gathers(fold_shape_arithmetic(model))
+
+
 def compile(model, debug_ir: str | os.PathLike | None = None, name: str | None = None) -> CompiledModel:  # noqa: A001
     """Compile a quantized ONNX model (path or ModelProto) to torq_hl.
 
@@ -84,9 +93,7 @@ def compile(model, debug_ir: str | os.PathLike | None = None, name: str | None =
     where, model = (str(model) if isinstance(model, (str, os.PathLike)) else "model"), load_model(model)
     validate(model, where)             # attribute values torch-mlir would trust blindly
     original = model
-    model = specialise_dynamic_dims(model)     # compiled for batch 1 (graph/specialise.py)
-    model = canonicalize(model)
-    model, u8_in, u8_out, shifted = signedness.to_int8(model)
+    model, u8_in, u8_out, shifted = signedness.to_int8(import_graph(model))
     stages = importer.StageTexts()     # texts printed only when read (.ir, --emit, --debug-ir)
     imported = importer.import_onnx(model)
     t1 = time.perf_counter()

@@ -24,6 +24,8 @@ Semantics (NCHW, int8 activations; see runtime/nss.py and torq/numerics):
          have one entry or one per index of the input's first axis
   reduce: out = sum of input over `dims` (mode "sum"), i32 — with fma, the dynamic-weight
          input-zero-point correction -in_zp·Σw' (seed §4.5.4)
+  matmul: two activations ([B,] M×K by [B,] K×N, zero points already taken off by fma):
+         acc = input1 @ input2 (exact, i32), out = ACT(acc, scale_bias[1], shift_factor)  (Q·Kᵀ)
 """
 from __future__ import annotations
 
@@ -64,6 +66,9 @@ OPS: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {
         "ort_scales": F32A, "ort_zp": I32, "ort_mode": STR, "ort_zp_shift": I32}),
     "fma": (("init", "input"), {"weights": I64A, "biases": I64A, "output_min": I32, "output_max": I32}),
     "reduce": (("init", "input"), {"mode": STR, "dims": I64A}),
+    "matmul": (("init", "input1", "input2"), {
+        "output_zp": I32, "output_min": I32, "output_max": I32, "shift_factor": I32, "scale_bias": I64A,
+        "ort_dq_scale": F32A, "ort_output_scale": F32A}),
 }
 
 _IRDL_KIND = {I32: '"#builtin.integer"', I64A: '"#builtin.dense_array"', F32A: '"#builtin.dense_array"',

@@ -4,6 +4,12 @@ Every backend takes an iterator of (start, int8 batch) and yields (start, int8 l
 batch exactly once; a batch's result depends only on its images (the model is compiled for a
 fixed batch and padded), so the backends agree image for image. Workers compile the model once
 (per process / per Ray actor-less task process via a cache keyed by the model bytes).
+
+``--jobs N`` (N worker processes, one BLAS thread each) is how the simulator uses several
+cores: its compiled loops are single-threaded and its GEMMs small, so N processes run N batches
+side by side. The workers compile the model before the first batch is handed out (not part of
+images/s), and batches go out in rounds of N: the caller's preprocessing of the next round never
+overlaps the NSS, so "NSS seconds = wall time - preprocessing time" stays true.
 """
 from __future__ import annotations
 
@@ -14,6 +20,8 @@ import numpy as np
 from ..errors import TorqError
 
 _ENGINES: dict = {}
+_WORKER: dict = {}              # in a --jobs worker: its engine, or the error compiling it
+_READY_TIMEOUT_S = 600
 
 
 def _engine(model_bytes: bytes, batch: int):
@@ -35,28 +43,73 @@ def run_batch(model_bytes: bytes, batch: int, start: int, x: np.ndarray):
 def nss_outputs(qmodel, opts, inputs):
     """An iterator of (start, logits) per input batch from the backend chosen by ``opts``.
 
-    In process, the model is compiled here, before the first batch (not part of images/s)."""
+    In process and with --jobs, the model is compiled here, before the first batch (not part
+    of images/s)."""
     data = qmodel.SerializeToString()
     if opts.ray:
         from .ray_backend import ray_outputs
         return ray_outputs(data, opts, inputs)
+    if opts.jobs < 1:
+        raise TorqError(f"--jobs {opts.jobs} must be at least 1")
     if opts.jobs > 1:
-        return _pool_outputs(data, opts, inputs)
+        return _pool_outputs(_start_pool(data, opts.batch, opts.jobs), opts.jobs, inputs)
     engine = _engine(data, opts.batch)
     return ((start, engine(x)) for start, x in inputs)
 
 
-def _pool_outputs(data: bytes, opts, inputs):
+def _start_pool(data: bytes, batch: int, jobs: int):
+    """``jobs`` spawned workers, each with the model compiled and one BLAS thread; returns once
+    all of them are ready (or raises the first worker's compile error)."""
     import multiprocessing as mp
-    from functools import partial
-    if opts.jobs < 1:
-        raise TorqError(f"--jobs {opts.jobs} must be at least 1")
+
     ctx = mp.get_context("spawn")            # fresh interpreters: no forked BLAS/numba threads
-    with ctx.Pool(opts.jobs) as pool:
-        task = partial(_pool_task, data, opts.batch)
-        yield from pool.imap(task, inputs)
+    ready = ctx.SimpleQueue()
+    pool = ctx.Pool(jobs, initializer=_worker_init, initargs=(data, batch, ready))
+    try:
+        for _ in range(jobs):
+            msg = _get(ready)
+            if msg is not None:
+                raise TorqError(msg)
+    except BaseException:
+        pool.terminate()
+        raise
+    return pool
 
 
-def _pool_task(data, batch, item):
+def _get(ready):
+    """The next worker's ready message (None, or its error)."""
+    import time
+    deadline = time.monotonic() + _READY_TIMEOUT_S
+    while ready.empty():
+        if time.monotonic() > deadline:
+            raise TorqError(f"--jobs: the NSS workers did not start within {_READY_TIMEOUT_S} s")
+        time.sleep(0.01)
+    return ready.get()
+
+
+def _worker_init(data: bytes, batch: int, ready) -> None:
+    from threadpoolctl import threadpool_limits
+    _WORKER["blas"] = threadpool_limits(1)   # N processes on N cores: one BLAS thread each
+    try:
+        _WORKER["engine"] = _engine(data, batch)
+        ready.put(None)
+    except Exception as e:  # noqa: BLE001 - reported by the parent as a one-line error
+        _WORKER["error"] = str(e) or type(e).__name__
+        ready.put(_WORKER["error"])
+
+
+def _pool_outputs(pool, jobs: int, inputs):
+    """Rounds of ``jobs`` batches: read them (the caller's preprocessing), run them side by side."""
+    with pool:
+        while True:
+            items = [item for _, item in zip(range(jobs), inputs)]
+            if not items:
+                return
+            yield from pool.map(_pool_task, items, chunksize=1)
+
+
+def _pool_task(item):
+    if "error" in _WORKER:
+        raise TorqError(_WORKER["error"])
     start, x = item
-    return run_batch(data, batch, start, x)
+    return start, _WORKER["engine"](x)

@@ -205,12 +205,18 @@ def _start_report(path: Path, stem: str, opts: DiscoverOptions) -> dict:
 
 
 def _plan(ctx: Context, layers) -> list:
-    """Per layer: "skip" (--skip-ops), ("dup", source id) (--dedup-layers) or "test"."""
+    """Per layer: "skip" (--skip-ops), "constant" (shape arithmetic: every input is a folded
+    constant, so the compiler computes it before import and no executor runs it), ("dup", source
+    id) (--dedup-layers) or "test"."""
     from ..graph import signature_json
     plan, seen = [], {}
     for layer in layers:
         if layer.op_type in ctx.opts.skip_ops:
             plan.append("skip")
+            continue
+        g = layer.model.graph
+        if not {v.name for v in g.input} - {t.name for t in g.initializer}:
+            plan.append("constant")
             continue
         if ctx.opts.dedup:
             sig = signature_json(layer.model)
@@ -225,8 +231,9 @@ def _plan(ctx: Context, layers) -> list:
 def _fill(ctx: Context, layer, entry: dict, why, results) -> None:
     entry.pop("duplicate_of", None)
     entry.pop("skipped", None)
-    if why == "skip":
-        entry.update(executors={}, recommended_executor=None, skipped="--skip-ops")
+    if why in ("skip", "constant"):
+        entry.update(executors={}, recommended_executor=None,
+                     skipped="--skip-ops" if why == "skip" else "constant: folded at compile time")
         return
     if why == "test":
         entry["executors"], computed, hits = next(results)

@@ -180,13 +180,13 @@ def c_nodes(c) -> list:
 
 
 def run_full(opts: RunOptions, log=None) -> tuple[dict, Path]:
-    from ..graph.canonicalize import canonicalize
+    from ..compiler.pipeline import import_graph
     from ..runtime import reference
     layers, suffix, q = model_and_layers(opts.model, opts.quant, opts.subgraph)
     path = schema.report_path(opts.output_dir, opts.model.stem, suffix)
     report = schema.load(path)
     check_fingerprint(report, opts.quant.fingerprint(opts.model), path)
-    c = canonicalize(q)
+    c = import_graph(q)                          # node k <-> the full model's k-th torch.operator
     full = X.frontend(q, debug_ir=opts.debug_ir, name=opts.model.stem)
     executor_of = assign(report, layers, full.operator_locations)
     schema.save(report, path)                    # re-derived locations + compiler JSON

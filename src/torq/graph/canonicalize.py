@@ -235,9 +235,12 @@ def _qlinearconv(cx: _Ctx) -> None:
 def _qlinearmatmul(cx: _Ctx) -> None:
     a, a_s, a_zp, b, b_s, b_zp, y_s, y_zp = _inputs(cx.node, 8)
     # torch-mlir folds a per-column b_scale into float weights (integers lost), and leaves a
-    # rank>2 activation's quantized aten.bmm illegal: both (and unknown ranks) go through QDQ.
-    per_column = b_s in cx.inits and int(np.prod(cx.inits[b_s].dims)) > 1
-    if b not in cx.inits or b_s not in cx.inits or not (per_column or cx.ranks.get(a) != 2):
+    # rank>2 quantized aten.bmm illegal (also of two activations, attention's Q·Kᵀ): both (and
+    # unknown ranks) go through QDQ.
+    weight = b in cx.inits
+    per_column = weight and b_s in cx.inits and int(np.prod(cx.inits[b_s].dims)) > 1
+    batched = cx.ranks.get(a) != 2 or (not weight and cx.ranks.get(b) != 2)
+    if (weight and b_s not in cx.inits) or not (per_column or batched):
         cx.nodes.append(cx.node)
         return
     axis = len(cx.inits[b].dims) - 1 if per_column else None

@@ -3,7 +3,8 @@
 Both go through the same three steps:
   1. prepare the full model once: batch dim -> 1 (a dynamic/missing first input dim, and that
      symbol everywhere), ONNX shape inference, and constant folding of Constant nodes and
-     shape sub-graphs (Shape/Gather/Concat/... whose inputs are all known), so that e.g. a
+     shape sub-graphs (Shape/Gather/Concat/... whose inputs are all known; the evaluator of
+     `shapes.py`, which the compiler folds with too), so that e.g. a
      Reshape's shape input becomes an initializer inside its layer;
   2. for a node subset: external inputs = used - produced (initializers and folded constants
      become initializers, everything else a graph input typed from shape inference); outputs =
@@ -26,16 +27,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from ..errors import TorqError
 from .load import load_model
+from .shapes import FOLDABLE_OPS, collect_types, eval_node, infer, static_shape
 from .walk import node_subgraphs
-
-#: Ops folded into initializers when all their inputs are constant. Deterministic, cheap, and
-#: typical of shape arithmetic; heavy compute (Conv, MatMul, ...) is never folded.
-FOLDABLE_OPS = frozenset({
-    "Shape", "Size", "Slice", "Concat", "Gather", "Unsqueeze", "Squeeze", "Cast", "ConstantOfShape",
-    "Reshape", "Transpose", "Mul", "Add", "Sub", "Div", "Equal", "Where", "Range", "Expand",
-    "Identity", "Flatten", "Neg", "Floor", "Ceil", "Min", "Max", "ReduceProd", "Not", "Less",
-    "Greater",
-})
 
 
 @dataclass
@@ -86,65 +79,6 @@ def _fix_batch(m: onnx.ModelProto) -> None:
                     d.dim_value = 1
 
 
-def _infer(m: onnx.ModelProto) -> onnx.ModelProto:
-    try:
-        return onnx.shape_inference.infer_shapes(m, data_prop=True)
-    except Exception:
-        return m
-
-
-def _static_shape(t: onnx.TypeProto | None) -> list[int] | None:
-    if t is None or not t.HasField("tensor_type") or not t.tensor_type.HasField("shape"):
-        return None
-    dims = []
-    for d in t.tensor_type.shape.dim:
-        if not d.HasField("dim_value"):
-            return None
-        dims.append(d.dim_value)
-    return dims
-
-
-def _collect_types(m: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
-    g = m.graph
-    types = {v.name: v.type for v in list(g.value_info) + list(g.input) + list(g.output)}
-    for t in g.initializer:
-        types[t.name] = helper.make_tensor_type_proto(t.data_type, list(t.dims))
-    return types
-
-
-def _eval_node(node: onnx.NodeProto, consts: dict[str, np.ndarray],
-               types: dict[str, onnx.TypeProto], opsets) -> list[np.ndarray] | None:
-    """Evaluate one foldable node on constant inputs (Shape/Size only need a static shape)."""
-    if node.op_type in ("Shape", "Size"):
-        shape = _static_shape(types.get(node.input[0]))
-        if shape is None:
-            return None
-        if node.op_type == "Size":
-            return [np.array(int(np.prod(shape)), dtype=np.int64)]
-        attrs = {a.name: a.i for a in node.attribute}
-        r = len(shape)
-        start, end = attrs.get("start", 0), attrs.get("end", r)
-        start = max(0, min(r, start + r if start < 0 else start))
-        end = max(0, min(r, end + r if end < 0 else end))
-        return [np.array(shape[start:end], dtype=np.int64)]
-    ins = [x for x in node.input if x]
-    if not all(x in consts for x in ins):
-        return None
-    from onnx.reference import ReferenceEvaluator
-    try:
-        feeds = {x: consts[x] for x in ins}
-        g = helper.make_graph(
-            [node], "fold",
-            [helper.make_tensor_value_info(x, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
-             for x, v in feeds.items()],
-            [helper.make_tensor_value_info(o, TensorProto.UNDEFINED, None) for o in node.output if o])
-        fm = helper.make_model(g, opset_imports=list(opsets))
-        outs = ReferenceEvaluator(fm).run(None, feeds)
-    except Exception:
-        return None  # not foldable after all: leave it as a real node
-    return [np.asarray(o) for o in outs]
-
-
 def _fold_constants(m: onnx.ModelProto, types) -> dict[str, np.ndarray]:
     consts: dict[str, np.ndarray] = {t.name: numpy_helper.to_array(t) for t in m.graph.initializer}
     folded: dict[str, np.ndarray] = {}
@@ -161,7 +95,7 @@ def _fold_constants(m: onnx.ModelProto, types) -> dict[str, np.ndarray]:
                                 f"{' '.join(str(e).split())[:200]}") from None
             consts[n.output[0]] = folded[n.output[0]] = np.asarray(val)
         elif n.op_type in FOLDABLE_OPS and n.domain in ("", "ai.onnx"):
-            outs = _eval_node(n, consts, types, m.opset_import)
+            outs = eval_node(n, consts, types, m.opset_import)
             if outs is not None:
                 for name, val in zip([o for o in n.output if o], outs):
                     consts[name] = folded[name] = val
@@ -205,8 +139,8 @@ def _probe_types(m: onnx.ModelProto, names: list[str]) -> dict[str, onnx.TypePro
 def _prepare(model) -> _Prepared:
     m = load_model(model)
     _fix_batch(m)
-    m = _infer(m)
-    types = _collect_types(m)
+    m = infer(m)
+    types = collect_types(m)
     consts = _fold_constants(m, types)
     # Re-infer with the folded values as initializers so shapes behind them become static.
     if consts:
@@ -216,12 +150,12 @@ def _prepare(model) -> _Prepared:
         del alt.graph.node[:]
         alt.graph.node.extend(keep)
         alt.graph.initializer.extend(numpy_helper.from_array(v, k) for k, v in consts.items())
-        types.update({k: v for k, v in _collect_types(_infer(alt)).items() if k not in types
-                      or _static_shape(types[k]) is None})
+        types.update({k: v for k, v in collect_types(infer(alt)).items() if k not in types
+                      or static_shape(types[k]) is None})
     for k, v in consts.items():
         types[k] = helper.make_tensor_type_proto(helper.np_dtype_to_tensor_dtype(v.dtype), list(v.shape))
     unknown = [o for n in m.graph.node for o in n.output
-               if o and (o not in types or _static_shape(types[o]) is None)]
+               if o and (o not in types or static_shape(types[o]) is None)]
     if unknown:
         types.update(_probe_types(m, unknown))
     consumers: dict[str, list[int]] = {}

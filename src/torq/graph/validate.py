@@ -122,8 +122,9 @@ def _is_quant_op(node: onnx.NodeProto) -> bool:
 
 
 def _check_scales(node: onnx.NodeProto, inits: dict, label: str) -> None:
-    """Every float constant of a quantized op is a scale: positive, finite, a normal float32."""
-    for name in node.input:
+    """Every float constant of a quantized op is a scale: positive, finite, a normal float32
+    (except a QuantizeLinear's input: data, e.g. a weight or ViT's folded class token)."""
+    for name in node.input[1:] if node.op_type == "QuantizeLinear" else node.input:
         t = inits.get(name)
         if t is None or t.data_type not in _FLOAT_TYPES:
             continue

@@ -128,10 +128,31 @@ def contiguous_rows(a4: np.ndarray) -> np.ndarray:
 
 
 
-@jit
+def flat_planes(acc: np.ndarray, out: np.ndarray):
+    """(acc, out) 4-D [P, C, M, L], each channel plane as one row [P, C, 1, M*L] when both are
+    C-contiguous and the same shape (small planes: 7x7 rows are too short for the compiled
+    loops to vectorise, a 49-element row is not), else as they are."""
+    if acc.shape == out.shape and acc.flags.c_contiguous and out.flags.c_contiguous and acc.ndim == 4:
+        P, C, M, L = out.shape
+        return acc.reshape(P, C, 1, M * L), out.reshape(P, C, 1, M * L)
+    return acc, out
+
+
 def act_loop(acc, extra, mult, shift, zp, lo, hi, out):
     """act_native on acc + extra[o] (exact integers, sum within int32), 4-D [pre, O, mid, last];
     ``acc`` may be larger than ``out`` (only ``acc[:, :, :M, :L]`` is read)."""
+    acc, out4 = flat_planes(acc, out)
+    _act_loop(acc, extra, mult, shift, zp, lo, hi, out4)
+
+
+def requant_ort_loop(acc, extra, scale, zp, lo, hi, out):
+    """requant_ort on acc + extra[o] (exact integers, sum within int32), 4-D like act_loop."""
+    acc, out4 = flat_planes(acc, out)
+    _requant_ort_loop(acc, extra, scale, zp, lo, hi, out4)
+
+
+@jit
+def _act_loop(acc, extra, mult, shift, zp, lo, hi, out):
     r = (np.int64(1) << shift) >> 1
     P, O, M, L = out.shape
     for p in range(P):
@@ -145,8 +166,7 @@ def act_loop(acc, extra, mult, shift, zp, lo, hi, out):
 
 
 @jit
-def requant_ort_loop(acc, extra, scale, zp, lo, hi, out):
-    """requant_ort on acc + extra[o] (exact integers, sum within int32), 4-D like _act_loop."""
+def _requant_ort_loop(acc, extra, scale, zp, lo, hi, out):
     flo, fhi = np.float32(lo - zp), np.float32(hi - zp)
     P, O, M, L = out.shape
     for p in range(P):

@@ -19,7 +19,7 @@ from ..errors import TorqError
 from ..fileio import atomic_write_bytes
 
 BACKENDS = {"css": "vmvx", "host": "llvm-cpu"}
-_FUNC = re.compile(r"func\.func\s+@([\w$.-]+)")
+_FUNC = re.compile(r'func\.func\s+@(?:"([^"]+)"|([\w$.-]+))')   # torch exports name graphs "/a/b_output_0"
 
 
 class IreeCompileError(TorqError):
@@ -64,7 +64,7 @@ class IreeModule:
             raise TorqError("linalg module has no func.func to run")
         ctx = rt.SystemContext(config=rt.Config("local-sync"))
         ctx.add_vm_module(rt.VmModule.copy_buffer(ctx.instance, vmfb))
-        return cls(backend, ctx.modules.module[m.group(1)])
+        return cls(backend, ctx.modules.module[m.group(1) or m.group(2)])
 
     def run(self, args: list[np.ndarray]) -> tuple[list[np.ndarray], float]:
         """Outputs (in function order) and the wall time of the call in ms."""

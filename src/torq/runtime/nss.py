@@ -18,6 +18,7 @@ import numpy as np
 
 from ..errors import TorqError
 from ..program import Program, Step, np_dtype
+from .kernels.blas import single_thread_run
 from .movement import DATA_MOVEMENT
 from .ops import OPS
 
@@ -66,14 +67,15 @@ class Simulator:
         for s, v in p.constants.items():
             env[s] = v
         diffs = []
-        for k in self.kernels:
-            st = k.step
-            args = [env[a] for a in st.args]
-            out = k.fn(args, rounding)
-            _check_result(out, k)
-            env[st.out] = out
-            if explain and k.check is not None:
-                diffs.append(OpDiff(st.op, st.location, rounding, *k.check(args, out, rounding)))
+        with single_thread_run():        # small GEMMs on one BLAS thread, switched once per run
+            for k in self.kernels:
+                st = k.step
+                args = [env[a] for a in st.args]
+                out = k.fn(args, rounding)
+                _check_result(out, k)
+                env[st.out] = out
+                if explain and k.check is not None:
+                    diffs.append(OpDiff(st.op, st.location, rounding, *k.check(args, out, rounding)))
         outs = [np.asarray(env[o.slot]).astype(np_dtype(o.dtype), copy=False) for o in p.outputs]
         return (outs, diffs) if explain else outs
 

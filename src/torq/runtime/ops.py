@@ -327,6 +327,30 @@ def _reduce(st, rtype):
     return lambda args, r: args[0].astype(np.int64).sum(axis=dims).astype(rtype)
 
 
+def _matmul(st, rtype):
+    """Both operands are activations (zero points taken off upstream): an exact accumulator
+    (float64 BLAS holds every |acc| < 2**53), then the NPU's ACT or ORT's QLinearMatMul requant."""
+    a = st.attrs
+    mult, shift = int(a["scale_bias"][1]), a["shift_factor"]
+    dq, ys = a["ort_dq_scale"], float(a["ort_output_scale"][0])
+    requant = numerics.ort_requant_scale(dq[0], ys)
+
+    def acc(args):
+        x, y = (np.asarray(v, np.float64) for v in args)
+        return np.matmul(x, y).astype(np.int64)
+
+    def fn(args, rounding):
+        if rounding == "native":
+            out = numerics.act_native(acc(args), mult, shift, a["output_zp"], a["output_min"], a["output_max"])
+        else:
+            out = numerics.requant_ort(acc(args), requant, a["output_zp"], a["output_min"], a["output_max"])
+        return np.asarray(out).astype(rtype)
+
+    def causes(args, mask):
+        return numerics.explain_diffs(acc(args)[mask], ((float(dq[0]),), (ys,)))
+    return _checked(fn, fn, causes)
+
+
 OPS = {"conv2d": _conv, "depthwise_conv2d": _conv, "fully_connected": _fc, "add": _add,
          "avg_pool2d": _avgpool, "maxpool2d": _maxpool, "table": _table, "act": _act, "mul": _mul,
-         "fma": _fma, "reduce": _reduce}
+         "fma": _fma, "reduce": _reduce, "matmul": _matmul}

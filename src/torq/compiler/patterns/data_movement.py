@@ -5,14 +5,15 @@
     Q ∘ transpose ∘ DQ           -> transpose        (Transpose; same qparams)
     Q ∘ concat(DQ_i)             -> concat(x_i | table_i(x_i))   (Concat: inputs whose qparams
                                     differ from the output's are requantized by a 256-entry table
-                                    of their own Q ∘ DQ, as ORT's QLinearConcat does)
+                                    of their own Q ∘ DQ, as ORT's QLinearConcat does; a constant
+                                    input is quantized by the output's Q at compile time)
 """
 from __future__ import annotations
 
 import numpy as np
 
 from .. import linalg_view as L
-from .common import Ctx, Root, emit, lookup_table
+from .common import Ctx, Root, constant, emit, lookup_table
 
 _MOVES = ("tensor.collapse_shape", "tensor.expand_shape")
 
@@ -83,6 +84,9 @@ class QConcat:
             return ctx.fail(op, "Concat output quantization is not per-tensor int8")
         parts = []
         for v in op.operands:
+            if ctx.const(v) is not None:     # a constant part (ViT's class token): quantized at compile time
+                parts.append((v, "constant"))
+                continue
             dq = ctx.dequant(v)
             if dq is None or np.ndim(dq[1]) or L.np_dtype(dq[0].type) is not np.int8:
                 return ctx.fail(op, "a Concat input is not a per-tensor int8 dequantize")
@@ -96,7 +100,11 @@ class QConcat:
         qg = ctx.generic(root.op)
         ins = []
         for x, dq_generic in parts:
-            if dq_generic is not None:     # requantize this input to the output's parameters
+            if dq_generic == "constant":
+                value = ctx.const(x)
+                q = qg.evaluate({qg.var_inputs[0]: value}, value.shape)
+                x = constant(q, "i8", op.location, ir.InsertionPoint(root.op))
+            elif dq_generic is not None:     # requantize this input to the output's parameters
                 x = emit("table", root, [x], dict(table=lookup_table(dq_generic, qg)), op,
                          result_type=root.op.results[0].type, shape_of=x).results[0]
             ins.append(x)

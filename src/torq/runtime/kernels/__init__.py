@@ -3,7 +3,7 @@ numba-compiled loops where numpy would need a chain of temporaries).
 
 These are the simulator's hot path. Every function returns the *exact* integer result; no
 rounding decision is made here (that is ``torq.numerics``' job). One module per algorithm:
-``gemm`` (exact GEMM, fully connected), ``conv`` (convolutions, depthwise), ``winograd``,
+``gemm`` (exact GEMM, fully connected), ``conv`` (convolutions), ``depthwise``, ``winograd``,
 ``pool``, ``tables`` (byte-pair lookup).
 
 How exactness is kept while still using BLAS
@@ -40,10 +40,14 @@ BLAS); if its bounds do not hold (wide inputs / weights) the GEMM path runs.
 Compiled loops stay single-threaded on purpose: BLAS already uses every core for the GEMMs,
 and its worker threads spin for a while after each call, so a second thread pool fights them
 (measured: a 2-thread numba Winograd transform made ResNet-18 7x slower on 2 vCPUs). For the
-same reason small GEMMs run on one BLAS thread (``blas.gemm_threads``; not the batched Winograd GEMMs, which gain from every core).
+same reason small GEMMs run on one BLAS thread (``blas.gemm_threads``, switched once per
+simulator run by ``blas.single_thread_run``; not the batched Winograd GEMMs, which gain from
+every core). Several cores are used by running batches in several processes (``evaluate --jobs``).
 
-Depthwise convolutions are a compiled loop over output planes (a plane stays in cache), in
-float32 when KH*KW*max|x'|*max|w| < 2**24 (every partial sum exact), else float64/int64.
+Depthwise convolutions (``depthwise``) are compiled loops reading the integer input directly:
+per plane (wide planes: the stride phases, then one contiguous run per tap) or channels-last
+(7x7 / 14x14 planes: vectorised along the channels), in float32 when KH*KW*max|x'|*max|w| < 2**24
+(every partial sum exact), else float64/int64.
 
 Layout: activations [N, C, H, W]; conv weights [O, C/groups, KH, KW]; fc weights [O, K].
 ``pad_lrtb`` is (left, right, top, bottom) as in ``torq_hl`` ops (ONNX ``pads`` is
@@ -54,6 +58,7 @@ from __future__ import annotations
 from .conv import ConvPlan, conv2d_acc
 from .gemm import AccParts, FcPlan, conv_out_size, fc_acc
 from .pool import maxpool, pool_sum
+from . import depthwise
 from .tables import BYTE_TYPES, byte_grid, pair_lookup
 
 __all__ = ["conv_out_size", "conv2d_acc", "fc_acc", "pool_sum", "maxpool", "ConvPlan", "FcPlan",

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from ...numerics.loops import jit, pair
-from .gemm import _F24, _F53, AccParts, _acc_dtype, _centre, _gemm, _pads, _range, _Weights, conv_out_size
+from .depthwise import depthwise_acc
+from .gemm import AccParts, _acc_dtype, _centre, _gemm, _pads, _range, _Weights, conv_out_size
 from .winograd import _Winograd
 
 _COLS_BUDGET = 1 << 22      # elements of the column buffer per block (16 MiB in float32)
@@ -123,7 +124,7 @@ class ConvPlan:
         bound = raw * self.row_abs_max + self.bias_max
         acc_bound = mx * self.row_abs_max
         if self.depthwise:
-            acc = _depthwise(x, self.w64, self.pads, self.pad_value, c, mx, self.wmax,
+            acc = depthwise_acc(x, self.w64, self.pads, self.pad_value, c, mx, self.wmax,
                              self.stride, self.dilation, OH, OW, O // C)
             return AccParts(acc, extra, acc_bound, bound)
         if self._wino_ok and ((OH + 1) // 2) * ((OW + 1) // 2) >= _WINO_MIN_TILES:
@@ -211,64 +212,3 @@ def conv2d_acc(x, w, bias=None, pad_lrtb=(0, 0, 0, 0), pad_value: int = 0, strid
     if x.ndim != 4 or w.ndim != 4:
         raise ValueError("conv2d_acc expects x [N,C,H,W] and w [O,C/g,KH,KW]")
     return ConvPlan(w, bias, pad_lrtb, pad_value, stride, dilation, groups)(x)
-
-
-def _depthwise(x, w64, pads, pad_value, c, mx, mw, stride, dilation, OH, OW, mult):
-    """Depthwise accumulator without bias [N, O, OH, OW] of (x - c) (pad: value - c), in float32
-    when every partial sum is below 2**24 (exact), else float64 / int64."""
-    O, _, KH, KW = w64.shape
-    bound = KH * KW * mx * mw
-    dtype = np.float32 if bound <= _F24 else (np.float64 if bound < _F53 else np.int64)
-    xp = _padded(x, pads, pad_value, c, dtype)
-    sw = stride[1]
-    if sw > 1:      # column phases xq[b][..., k] = xp[..., k*sw + b]: every row read is unit-stride
-        Wq = -(-xp.shape[3] // sw)
-        xq = np.zeros((sw,) + xp.shape[:3] + (Wq,), dtype=dtype)
-        for b in range(sw):
-            ph = xp[..., b::sw]
-            xq[b, ..., :ph.shape[3]] = ph
-    else:
-        xq = xp[None]
-    out = np.empty((x.shape[0], O, OH, OW), dtype=dtype)
-    _depthwise_loop(xq, w64.reshape(O, KH, KW).astype(dtype), stride[0], sw,
-                    dilation[0], dilation[1], mult, out)
-    return out
-
-
-@jit
-def _depthwise_loop(xq, w, sh, sw, dh, dw, mult, out):
-    """out[n, o, r, q] = Σ_ij w[o, i, j] * xpad[n, o // mult, r*sh + i*dh, q*sw + j*dw], with
-    xq[b][..., k] = xpad[..., k*sw + b] (the column phases): one output plane at a time (it stays
-    in cache), the innermost loop along a unit-stride row view (it vectorises)."""
-    N, O, OH, OW = out.shape
-    KH, KW = w.shape[1], w.shape[2]
-    for n in range(N):
-        for o in range(O):
-            dst = out[n, o]
-            dst[:, :] = 0
-            for i in range(KH):
-                for j in range(KW):
-                    wv = w[o, i, j]
-                    if wv == 0:
-                        continue
-                    src = xq[(j * dw) % sw, n, o // mult]
-                    k0 = (j * dw) // sw
-                    for r in range(OH):
-                        d = dst[r]
-                        seg = src[r * sh + i * dh, k0:k0 + OW]
-                        for q in range(OW):
-                            d[q] += wv * seg[q]
-
-
-def _padded(x: np.ndarray, pads, value: int, c: int, dtype) -> np.ndarray:
-    """x - c, padded with value - c, in dtype."""
-    N, C, H, W = x.shape
-    pl, pr, pt, pb = pads
-    xp = np.empty((N, C, H + pt + pb, W + pl + pr), dtype=dtype)
-    if pt or pb or pl or pr:
-        xp.fill(value - c)
-    inner = xp[:, :, pt:pt + H, pl:pl + W]
-    inner[...] = x
-    if c:
-        inner -= c
-    return xp

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...numerics.loops import jit
+from .blas import all_threads
 from .gemm import _F24, _greedy_chunks
 
 
@@ -142,14 +143,15 @@ class _Winograd:
         M = np.empty((16, self.O, Th * Tw), dtype=np.float32)
         Msum = np.empty(M.shape, dtype=np.float64) if len(chunks) > 1 else None
         acc = np.empty((N, self.O, 2 * Th, 2 * Tw), dtype=np.int32)
-        for n in range(N):
-            _wino_input_tiles(x[n], int(c), np.float32(fill), pt, pl, Th, Tw, V)
-            for i, (c0, c1, u) in enumerate(chunks):
-                np.matmul(u, V[:, c0:c1], out=M)      # 16 GEMMs of one conv: all cores pay off
-                if Msum is not None:                      # chunk sums: exact in float64
-                    if i == 0:
-                        np.copyto(Msum, M)
-                    else:
-                        Msum += M
-            _wino_output(M if Msum is None else Msum, Th, Tw, acc[n])
+        with all_threads():                               # 16 GEMMs of one conv: all cores pay off
+            for n in range(N):
+                _wino_input_tiles(x[n], int(c), np.float32(fill), pt, pl, Th, Tw, V)
+                for i, (c0, c1, u) in enumerate(chunks):
+                    np.matmul(u, V[:, c0:c1], out=M)
+                    if Msum is not None:                  # chunk sums: exact in float64
+                        if i == 0:
+                            np.copyto(Msum, M)
+                        else:
+                            Msum += M
+                _wino_output(M if Msum is None else Msum, Th, Tw, acc[n])
         return acc[:, :, :OH, :OW]
