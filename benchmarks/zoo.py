@@ -10,10 +10,17 @@ the point is coverage, exactness and compile speed), batch 1, opset 17, cached a
 `build/zoo/<model>.onnx`. Each model × flag set runs in a child process (a crash or a timeout is a
 row, not the end of the run) and the table lists: outcome, torq_hl ops lowered, max |Δ| in LSB per
 rounding mode (`ort` must be 0), and the ONNX → torq_hl compile seconds.
+
+`--per-layer` adds what `torq-gen-config discover --quantize` needs: every layer cut out alone
+(`torq.graph.extract_layers`), quantized alone with the same flags (lone ops wrapped in Q/DQ,
+as discover does), compiled and verified; the column reads `lowered/layers` (and how many of
+the lowered ones are `ort` bit-exact), and any internal error is named. Results are cached per
+layer by content in `build/zoo/per_layer/`, so a rerun only tests what changed.
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import subprocess
@@ -79,7 +86,82 @@ def export(name: str, folder: Path = BUILD) -> Path:
     return path
 
 
-def run_one(name: str, flags: str, folder: Path = BUILD) -> dict:
+def check_layer(layer_model, flags: str) -> dict:
+    """One layer alone: quantize (as discover does) → compile → verify; a dict (never raises).
+
+    outcome: `exact` (ort bit-exact), `FAIL` (lowered, verify fails), `not supported` (a clean
+    reason), `error` (a clean TorqError), `internal error` (anything else: a bug)."""
+    import torq
+    from torq.errors import TorqError
+    from torq.verify import verify
+    try:
+        q = torq.quantize(layer_model, num_calib=NUM_CALIB, wrap_lone_ops=True, **FLAGS[flags])
+        compiled = torq.compile(q)
+        if compiled.report.unsupported:
+            return {"outcome": "not supported", "detail": str(compiled.report.unsupported[0])}
+        return {"outcome": "exact" if verify(compiled, seed=0).ok else "FAIL"}
+    except TorqError as e:
+        return {"outcome": "error", "detail": str(e).splitlines()[0]}
+    except Exception as e:  # noqa: BLE001 - that is the finding: an internal error
+        return {"outcome": "internal error", "detail": f"{type(e).__name__}: {str(e).splitlines()[:1]}"}
+
+
+def per_layer(fp32: Path, flags: str, folder: Path = BUILD) -> dict:
+    """Every layer of `fp32` alone (see `check_layer`), cached by the layer's content and flags."""
+    import torq
+    from torq.graph import extract_layers
+    cache = folder / "per_layer"
+    cache.mkdir(parents=True, exist_ok=True)
+    counts, by_op, bad = Counter(), Counter(), []
+    # a layer without inputs (an Identity sharing a weight, which torq.quantize folds away in
+    # the whole model) computes nothing at run time: not a compute layer
+    layers = [lay for lay in extract_layers(str(fp32)) if _has_inputs(lay.model)]
+    code = _code_digest()
+    for lay in layers:
+        key = hashlib.sha256(f"{code}|{flags}|".encode() + lay.model.SerializeToString())
+        path = cache / f"{key.hexdigest()[:32]}.json"
+        try:
+            r = json.loads(path.read_text())
+        except (OSError, ValueError):
+            r = check_layer(lay.model, flags)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(r))
+            os.replace(tmp, path)
+        counts[r["outcome"]] += 1
+        if r["outcome"] != "exact":
+            by_op[f"{lay.op_type} {r['outcome']}"] += 1
+            bad.append(f"{lay.id}: {r.get('detail', r['outcome'])}")
+    lowered = counts["exact"] + counts["FAIL"]
+    return {"layers": len(layers), "lowered": lowered, "exact": counts["exact"],
+            "internal": counts["internal error"], "by_op": dict(by_op), "examples": bad[:3]}
+
+
+def _has_inputs(model) -> bool:
+    inits = {t.name for t in model.graph.initializer}
+    return any(v.name not in inits for v in model.graph.input)
+
+
+def _code_digest() -> str:
+    """sha256 of torq's sources: a cached per-layer result is only reused by the same code."""
+    import torq
+    h = hashlib.sha256()
+    for f in sorted(Path(torq.__file__).parent.rglob("*.py")):
+        h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+def run_one(name: str, flags: str, folder: Path = BUILD, layers: bool = False) -> dict:
+    """Quantize + compile + verify one model with one flag set (+ `per_layer`); a dict row."""
+    row = whole_model(name, flags, folder)
+    if layers:
+        try:
+            row["per_layer"] = per_layer(export(name, folder), flags, folder)
+        except Exception as e:  # noqa: BLE001 - e.g. layer extraction fails: a row, not a crash
+            row["per_layer"] = {"error": f"{type(e).__name__}: {str(e).splitlines()[:1]}"}
+    return row
+
+
+def whole_model(name: str, flags: str, folder: Path = BUILD) -> dict:
     """Quantize + compile + verify one model with one flag set; a dict row (never raises)."""
     import torq
     from torq.verify import verify
@@ -115,8 +197,8 @@ def run_one(name: str, flags: str, folder: Path = BUILD) -> dict:
     return row
 
 
-def _child(name: str, flags: str, folder: Path, timeout: float) -> dict:
-    cmd = [sys.executable, __file__, "--one", name, flags, "--build", str(folder)]
+def _child(name: str, flags: str, folder: Path, timeout: float, layers: bool) -> dict:
+    cmd = [sys.executable, __file__, "--one", name, flags, "--build", str(folder)] + ["--per-layer"] * layers
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -132,15 +214,35 @@ def print_table(rows: list[dict]) -> None:
     from rich.console import Console
     from rich.table import Table
     t = Table(title="torchvision zoo on the NSS (224×224, batch 1, opset 17)")
-    for col in ("model", "flags", "outcome", "lowered", "max |Δ| native", "max |Δ| ort", "compile s", "detail"):
+    layers = any("per_layer" in r for r in rows)
+    cols = ["model", "flags", "outcome", "lowered", "max |Δ| native", "max |Δ| ort", "compile s"]
+    for col in cols + ["per-layer lowered (ort-exact)"] * layers + ["detail"]:
         # |Δ|: LSB for int8 outputs (qdq flag sets, --full-integer); absolute for float ones (qop)
         t.add_column(col)
     for r in rows:
         lsb = r.get("max_lsb", {})
-        t.add_row(r["model"], r["flags"], r["outcome"], str(r.get("lowered", "")),
-                  f"{lsb['native']:g}" if "native" in lsb else "", f"{lsb['ort']:g}" if "ort" in lsb else "",
-                  f"{r['compile_s']:.1f}" if "compile_s" in r else "", r.get("detail", "")[:110])
+        cells = [r["model"], r["flags"], r["outcome"], str(r.get("lowered", "")),
+                 f"{lsb['native']:g}" if "native" in lsb else "", f"{lsb['ort']:g}" if "ort" in lsb else "",
+                 f"{r['compile_s']:.1f}" if "compile_s" in r else ""]
+        detail = r.get("detail", "")
+        if layers:
+            cells.append(per_layer_cell(r.get("per_layer")))
+            pl = r.get("per_layer") or {}
+            if pl.get("by_op"):
+                detail = "; ".join(filter(None, [detail, "layers: " + ", ".join(
+                    f"{k}×{n}" for k, n in sorted(pl["by_op"].items()))]))
+        t.add_row(*cells, detail[:110])
     Console(width=220).print(t)
+
+
+def per_layer_cell(pl: dict | None) -> str:
+    """`lowered/layers (exact)` and the internal errors, if any."""
+    if not pl:
+        return ""
+    if "error" in pl:
+        return f"error: {pl['error'][:40]}"
+    cell = f"{pl['lowered']}/{pl['layers']} ({pl['exact']})"
+    return cell + (f", {pl['internal']} INTERNAL" if pl["internal"] else "")
 
 
 def main(argv=None) -> int:
@@ -148,12 +250,14 @@ def main(argv=None) -> int:
     ap.add_argument("--models", default=",".join(MODELS), help="comma-separated torchvision names")
     ap.add_argument("--flags", default=",".join(FLAGS), help=f"comma-separated of {', '.join(FLAGS)}")
     ap.add_argument("--build", type=Path, default=BUILD, help="cache folder (default build/zoo)")
-    ap.add_argument("--timeout", type=float, default=1200, help="seconds per model × flag set")
+    ap.add_argument("--per-layer", action="store_true",
+                    help="also quantize, compile and verify every layer alone (as discover --quantize does)")
+    ap.add_argument("--timeout", type=float, help="seconds per model × flag set (default 1200; 7200 with --per-layer)")
     ap.add_argument("--json", type=Path, help="also write the rows here")
     ap.add_argument("--one", nargs=2, metavar=("MODEL", "FLAGS"), help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.one:
-        print(json.dumps(run_one(*a.one, folder=a.build), default=float))
+        print(json.dumps(run_one(*a.one, folder=a.build, layers=a.per_layer), default=float))
         return 0
     models, flags = a.models.split(","), a.flags.split(",")
     bad = [f for f in flags if f not in FLAGS] + [m for m in models if m not in MODELS]
@@ -167,10 +271,10 @@ def main(argv=None) -> int:
             rows += [{"model": m, "flags": f, "outcome": "export failed", "detail": str(e)[:200]} for f in flags]
             continue
         for f in flags:
-            rows.append(_child(m, f, a.build, a.timeout))
+            rows.append(_child(m, f, a.build, a.timeout or (7200 if a.per_layer else 1200), a.per_layer))
             r = rows[-1]
-            print(f"{m:20s} {f:7s} {r['outcome']:15s} {r.get('compile_s', 0):6.1f} s {r.get('detail', '')[:100]}",
-                  flush=True)
+            print(f"{m:20s} {f:7s} {r['outcome']:15s} {r.get('compile_s', 0):6.1f} s "
+                  f"{per_layer_cell(r.get('per_layer'))} {r.get('detail', '')[:100]}", flush=True)
             if a.json:
                 a.json.write_text(json.dumps(rows, indent=1, default=float))
     print_table(rows)

@@ -105,8 +105,8 @@ def test_standalone_batchnorm(data, per_channel):
 @given(st.data(), st.sampled_from(["qdq", "qoperator"]))
 def test_maxpool_ceil_mode(data, fmt):
     """MaxPool ceil_mode=1 without padding (SqueezeNet, GoogLeNet): the NSS output has the ONNX
-    (ceil) shape. torch-mlir 20261001 mis-sizes the outputs whose last ceil window would start
-    past the input (ONNX drops it) and those with pads: a clean TorqError, not tested here."""
+    (ceil) shape. Windows ORT drops (starting past the input + leading pad) and padded pools:
+    tests/qop/test_maxpool_ceil.py (graph/pool_ceil.py)."""
     rng = np.random.default_rng(data.draw(st.integers(0, 2**16)))
     c, hw = data.draw(st.integers(1, 4)), data.draw(st.integers(4, 11))
     k, s = data.draw(st.sampled_from([2, 3])), data.draw(st.sampled_from([2, 3]))

@@ -83,7 +83,9 @@ def _add_quantize(sub) -> None:
                         "DequantizeLinear (I/O names are kept; scales go to model metadata 'torq.io_quant')")
     q.add_argument("--quant-format", default="qdq", metavar="{qdq,qoperator,hybrid}",
                    help="qdq: QuantizeLinear/DequantizeLinear around float ops (default); qoperator: "
-                        "QLinearConv/QGemm/...; hybrid: qoperator if every compute op has a compact "
+                        "QLinearConv/QGemm/..., and the ops ORT leaves in float between them (HardSwish, "
+                        "BatchNormalization, a pool head, ...) get Q/DQ with their calibrated ranges, so "
+                        "the model is fully int8; hybrid: qoperator if every compute op has a compact "
                         "QLinear form (Conv, Add, Mul, MatMul, pools, activations), else qdq")
     q.add_argument("--quant-dtype", default="A8W8", metavar="A8W8",
                    help="activation/weight types; only A8W8 (int8/int8) is supported")

@@ -46,6 +46,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from .. import numerics
+from .pool_ceil import ceil_pools_to_floor
 from .walk import subgraphs
 from ..errors import TorqError
 
@@ -279,7 +280,9 @@ def _opset(model: onnx.ModelProto, domain: str) -> int:
 
 def canonicalize(model: onnx.ModelProto) -> onnx.ModelProto:
     """Return a copy of `model` with every contrib QLinear op (and per-channel biased
-    QLinearConv) rewritten to standard QDQ; see the module docstring for the rewrites."""
+    QLinearConv) rewritten to standard QDQ; see the module docstring for the rewrites. Then
+    ceil-mode MaxPools become floor mode with ORT's output size (``pool_ceil``; after the
+    rewrites, so that ONNX shape inference types their inputs)."""
     m = onnx.ModelProto()
     m.CopyFrom(model)
     g = m.graph
@@ -311,7 +314,7 @@ def canonicalize(model: onnx.ModelProto) -> onnx.ModelProto:
     m.opset_import.extend(keep)
     if per_axis and model_opset < _PER_AXIS_OPSET:
         m = _convert_opset(m, _PER_AXIS_OPSET)
-    return _check(m)
+    return _check(ceil_pools_to_floor(m))
 
 
 def _ranks(m: onnx.ModelProto) -> dict:

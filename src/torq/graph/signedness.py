@@ -24,6 +24,7 @@ _ZP_INPUTS = {
     "QLinearAdd": (2, 5, 7), "QLinearMul": (2, 5, 7), "QGemm": (2, 5, 8),
     "QLinearGlobalAveragePool": (2, 4), "QLinearAveragePool": (2, 4),
     "QLinearSigmoid": (2, 4), "QLinearLeakyRelu": (2, 4),
+    "Pad": (2,),   # a uint8 Pad's constant moves with its tensor (graph.pool_ceil pads with 0 = min)
 }
 
 

@@ -20,17 +20,24 @@ from onnx import TensorProto, helper, numpy_helper
 
 from ..errors import TorqError
 
-def calibrated_ranges(model: onnx.ModelProto, reader, method) -> dict[str, tuple[float, float]]:
-    """(min, max) of every float graph input/output, measured by ORT's calibrator over ``reader``."""
+def calibrated_ranges(model: onnx.ModelProto, reader, method, names: list[str] | None = None,
+                      op_types: list[str] | None = None) -> dict[str, tuple[float, float]]:
+    """(min, max) of each tensor in ``names`` (default: every float graph input/output), measured
+    by ORT's calibrator over ``reader``; ``op_types`` limits what the calibrator records to the
+    tensors of those ops (it records every float tensor otherwise)."""
     from onnxruntime.quantization.calibrate import create_calibrator
-    names = _float_io(model)
+    names = _float_io(model) if names is None else names
     with tempfile.TemporaryDirectory(prefix="torq-lone-") as tmp:
         path = Path(tmp) / "fp32.onnx"
         onnx.save(model, str(path))
-        cal = create_calibrator(path, op_types_to_calibrate=None,
+        cal = create_calibrator(path, op_types_to_calibrate=op_types,
                                 augmented_model_path=str(Path(tmp) / "augmented.onnx"),
                                 calibrate_method=method)
-        cal.collect_data(reader)
+        try:
+            cal.collect_data(reader)
+        except ValueError as e:   # ORT: "No data is collected." -- an exhausted reader
+            raise TorqError(f"calibration of the float tensors failed ({e}): a calibration reader "
+                            "must support rewind() to be read a second time") from None
         data = cal.compute_data()
     ranges = {}
     for name in names:
@@ -47,7 +54,7 @@ def _float_io(model: onnx.ModelProto) -> list[str]:
     return [v.name for v in io if v.type.tensor_type.elem_type == TensorProto.FLOAT]
 
 
-def _qparams(lo: float, hi: float, elem: int) -> tuple[np.float32, np.ndarray]:
+def activation_qparams(lo: float, hi: float, elem: int) -> tuple[np.float32, np.ndarray]:
     """ORT's own asymmetric activation scale / zero point for a calibrated range."""
     from onnxruntime.quantization.quant_utils import compute_scale_zp, get_qmin_qmax_for_qType
     qmin, qmax = get_qmin_qmax_for_qType(elem)
@@ -65,7 +72,7 @@ def wrap_in_qdq(model: onnx.ModelProto, reader, method, elem: int = TensorProto.
     inputs = {v.name for v in g.input}
     new_nodes, tail = [], []
     for name, (lo, hi) in ranges.items():
-        scale, zp = _qparams(lo, hi, elem)
+        scale, zp = activation_qparams(lo, hi, elem)
         s, z = f"{name}__torq_scale", f"{name}__torq_zp"
         g.initializer.extend([numpy_helper.from_array(np.asarray(scale), s), numpy_helper.from_array(zp, z)])
         if name in inputs:   # x -> Q -> DQ -> (consumers read x_dq)

@@ -230,6 +230,10 @@ def quantize(model: str | os.PathLike | onnx.ModelProto, output: str | os.PathLi
             _rewind(reader)
             fmt = QuantFormat.QDQ
             q = _run_ort(tmp, reader, fmt, per_channel, activation_type, weight_type, method, where)
+    if fmt == QuantFormat.QOperator and is_quantized(q):
+        from .islands import quantize_islands
+        _rewind(reader)
+        q = quantize_islands(q, src, reader, method, activation_type.tensor_type)
     if not is_quantized(q) and wrap_lone_ops:
         from .lone_ops import wrap_in_qdq
         _rewind(reader)

@@ -56,6 +56,12 @@ def summary_lines(fp32: onnx.ModelProto, q: onnx.ModelProto, *, src_path=None, o
     lines.append(f"ops int8: {_counts(q, skip=_QDQ)}  (besides Q/DQ)")
     lines.append(f"Q/DQ:     QuantizeLinear x{qc.get('QuantizeLinear', 0)}, "
                  f"DequantizeLinear x{qc.get('DequantizeLinear', 0)}")
+    if quant_format_of(q) == "qoperator":   # the float islands torq.quantize put between Q/DQ
+        from .islands import island_nodes
+        wrapped = Counter(n.op_type for n in island_nodes(q))
+        if wrapped:
+            lines.append(f"in Q/DQ:  {', '.join(f'{op} x{k}' for op, k in wrapped.most_common())}  "
+                         "(no QLinear form: each between a DQ and a Q, int8 in and out)")
     for kind, vals in (("inputs", q.graph.input), ("outputs", q.graph.output)):
         inits = {t.name for t in q.graph.initializer}
         for v in vals:

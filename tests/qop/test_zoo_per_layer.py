@@ -1,0 +1,45 @@
+"""benchmarks/zoo.py --per-layer: every layer alone, counted; internal errors told apart."""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import onnx
+import pytest
+
+from .islands_model import island_at_output
+
+ZOO = Path(__file__).resolve().parents[2] / "benchmarks" / "zoo.py"
+
+
+@pytest.fixture(scope="module")
+def zoo():
+    spec = importlib.util.spec_from_file_location("torq_bench_zoo", ZOO)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_every_layer_of_an_island_model_lowers_alone(zoo, tmp_path, monkeypatch):
+    path = tmp_path / "m.onnx"
+    onnx.save(island_at_output(), str(path))
+    pl = zoo.per_layer(path, "qop", folder=tmp_path)
+    assert (pl["layers"], pl["lowered"], pl["exact"], pl["internal"]) == (2, 2, 2, 0)
+    # cached by content: a second run tests nothing (a failing check would show otherwise)
+    monkeypatch.setattr(zoo, "check_layer", lambda *a: pytest.fail("re-tested a cached layer"))
+    assert zoo.per_layer(path, "qop", folder=tmp_path) == pl
+
+
+def test_an_internal_error_is_counted_as_one(zoo, tmp_path, monkeypatch):
+    """Injected fault: compile raising a plain exception is an internal error, not a pass."""
+    import torq
+    path = tmp_path / "m.onnx"
+    onnx.save(island_at_output(), str(path))
+
+    def broken(model, *a, **k):
+        raise RuntimeError("injected")
+    monkeypatch.setattr(torq, "compile", broken)
+    pl = zoo.per_layer(path, "qdq", folder=tmp_path)
+    assert (pl["layers"], pl["lowered"], pl["internal"]) == (2, 0, 2)
+    assert "RuntimeError" in pl["examples"][0]
+    assert zoo.per_layer_cell(pl) == "0/2 (0), 2 INTERNAL"
