@@ -50,12 +50,13 @@ def register(sub) -> None:
                    help="activation ranges from calibration data (default minmax, per channel: the smallest mean "
                         "top-1 loss measured on EfficientNet-Lite0 and Fashion-MNIST; see README)")
     p.add_argument("--per-tensor", action="store_true", help="one weight scale per tensor (default per channel)")
-    p.add_argument("--bias-correction", action="store_true",
-                   help="correct Conv/Gemm biases for int8 weight rounding before quantizing (fp32 transform)")
-    p.add_argument("--equalize", action="store_true",
+    p.add_argument("--equalize", action=argparse.BooleanOptionalAction, default=True,
                    help="cross-layer equalization before quantizing (fp32 transform: consecutive Conv → "
                         "Relu/ReLU6 → Conv channels rescaled to equal weight ranges; ReLU6 channels only "
-                        "where the calibration images show the clip never cuts)")
+                        "as far as the calibration images stay under the clip). Default on")
+    p.add_argument("--bias-correction", action=argparse.BooleanOptionalAction, default=True,
+                   help="correct Conv/Gemm biases for int8 weight rounding before quantizing (fp32 transform). "
+                        "Default on")
     p.add_argument("--limit", type=int, metavar="N", help="evaluate only the first N images")
     p.add_argument("--batch", type=int, default=8, metavar="B", help="images per NSS call (default 8)")
     p.add_argument("--jobs", type=int, default=1, metavar="N", help="NSS worker processes (default 1)")
