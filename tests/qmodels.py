@@ -1,5 +1,6 @@
 """Test helpers shared by every test folder (not a test file): small float ONNX models, ORT
-quantization (real quantize_static), ORT sessions, and the NPU's bf16 Q/DQ fallback steps."""
+quantization (real quantize_static), ORT sessions, the NPU's bf16 Q/DQ fallback steps and a
+plain int64 depthwise convolution."""
 from __future__ import annotations
 
 import tempfile
@@ -175,3 +176,21 @@ def npu_dequantize_bf16(q, s, z):
     """The NSS's Dequantize fallback: fma (q - zp), act i2f (exact), mul (bf16_affine), act f2f."""
     factor, bias = numerics.bf16_fallback_constants(s, z, False)
     return numerics.bf16_affine((np.asarray(q).astype(np.int64) - int(z)).astype(np.float32), factor, bias)
+
+
+def depthwise_ref(x, w, pads, pv, s, d):
+    """Plain int64 depthwise convolution (channel multiplier O // C; stride ``s`` and dilation ``d``
+    as (h, w) pairs): pad with ``pv``, take each tap's strided slice, sum."""
+    N, C, H, W = x.shape
+    O, _, KH, KW = w.shape
+    pl, pr, pt, pb = pads
+    xp = np.full((N, C, H + pt + pb, W + pl + pr), pv, np.int64)
+    xp[:, :, pt:pt + H, pl:pl + W] = x
+    OH = (H + pt + pb - d[0] * (KH - 1) - 1) // s[0] + 1
+    OW = (W + pl + pr - d[1] * (KW - 1) - 1) // s[1] + 1
+    out = np.zeros((N, O, OH, OW), np.int64)
+    for i in range(KH):
+        for j in range(KW):
+            sl = xp[:, :, i * d[0]:i * d[0] + s[0] * (OH - 1) + 1:s[0], j * d[1]:j * d[1] + s[1] * (OW - 1) + 1:s[1]]
+            out += np.repeat(sl, O // C, axis=1) * w[:, 0, i, j][None, :, None, None]
+    return out

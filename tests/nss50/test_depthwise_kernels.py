@@ -6,24 +6,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from qmodels import depthwise_ref
 from torq.runtime.kernels import ConvPlan, depthwise
-
-
-def _reference(x, w, pads, pv, s, d):
-    """Plain int64 depthwise convolution: pad, take each tap's strided slice, sum."""
-    N, C, H, W = x.shape
-    O, _, KH, KW = w.shape
-    pl, pr, pt, pb = pads
-    xp = np.full((N, C, H + pt + pb, W + pl + pr), pv, np.int64)
-    xp[:, :, pt:pt + H, pl:pl + W] = x
-    OH = (H + pt + pb - d[0] * (KH - 1) - 1) // s[0] + 1
-    OW = (W + pl + pr - d[1] * (KW - 1) - 1) // s[1] + 1
-    out = np.zeros((N, O, OH, OW), np.int64)
-    for i in range(KH):
-        for j in range(KW):
-            sl = xp[:, :, i * d[0]:i * d[0] + s[0] * (OH - 1) + 1:s[0], j * d[1]:j * d[1] + s[1] * (OW - 1) + 1:s[1]]
-            out += np.repeat(sl, O // C, axis=1) * w[:, 0, i, j][None, :, None, None]
-    return out
 
 
 @pytest.fixture(params=["planar", "channels-last"])
@@ -63,7 +47,7 @@ def test_depthwise_loops_are_exact(loop, c):     # the fixture only sets a const
     x, w, pv = _case(c)
     plan = ConvPlan(w, None, c["pads"], pv, c["s"], c["d"], c["C"])
     got = plan(x)
-    assert np.array_equal(got, _reference(x, w, c["pads"], pv, c["s"], c["d"]))
+    assert np.array_equal(got, depthwise_ref(x, w, c["pads"], pv, c["s"], c["d"]))
     assert np.array_equal(got[-1:], plan(x[-1:]))          # batch invariant
 
 
@@ -72,7 +56,7 @@ def test_other_types(loop, xdt, wbits):
     c = dict(N=2, C=3, H=9, W=11, K=(3, 5), s=(2, 1), d=(1, 2), pads=(2, 1, 0, 3), m=2, xdt=xdt, wbits=wbits, seed=7)
     x, w, pv = _case(c)
     got = ConvPlan(w, None, c["pads"], pv, c["s"], c["d"], c["C"])(x)
-    assert np.array_equal(got, _reference(x, w, c["pads"], pv, c["s"], c["d"]))
+    assert np.array_equal(got, depthwise_ref(x, w, c["pads"], pv, c["s"], c["d"]))
 
 
 @pytest.mark.parametrize("C,H,K,s", [(8, 112, 3, 2), (16, 56, 5, 1), (64, 14, 5, 1), (96, 7, 5, 2)])
@@ -82,7 +66,7 @@ def test_model_sized_planes(loop, C, H, K, s):
     x = rng.integers(-128, 128, (2, C, H, H)).astype(np.int8)
     w = rng.integers(-127, 128, (C, 1, K, K))
     p = (K // 2,) * 4
-    assert np.array_equal(ConvPlan(w, None, p, -5, s, 1, C)(x), _reference(x, w, p, -5, (s, s), (1, 1)))
+    assert np.array_equal(ConvPlan(w, None, p, -5, s, 1, C)(x), depthwise_ref(x, w, p, -5, (s, s), (1, 1)))
 
 
 def test_a_wrong_weight_is_seen(loop):
@@ -92,4 +76,4 @@ def test_a_wrong_weight_is_seen(loop):
     bad = w.copy()
     bad[4, 0, 2, 1] += 1
     assert not np.array_equal(ConvPlan(bad, None, (1, 1, 1, 1), 0, 1, 1, 6)(x),
-                              _reference(x, w, (1, 1, 1, 1), 0, (1, 1), (1, 1)))
+                              depthwise_ref(x, w, (1, 1, 1, 1), 0, (1, 1), (1, 1)))

@@ -2,24 +2,8 @@
 import numpy as np
 import pytest
 
+from qmodels import depthwise_ref
 from torq.runtime.kernels import ConvPlan, blas, fc_acc
-
-
-def _conv_ref(x, w, pads, pv, s, d):
-    """Plain int64 grouped-by-channel convolution: pad, take each tap's strided slice, sum."""
-    N, C, H, W = x.shape
-    O, _, KH, KW = w.shape
-    pl, pr, pt, pb = pads
-    xp = np.full((N, C, H + pt + pb, W + pl + pr), pv, np.int64)
-    xp[:, :, pt:pt + H, pl:pl + W] = x
-    OH = (H + pt + pb - d * (KH - 1) - 1) // s + 1
-    OW = (W + pl + pr - d * (KW - 1) - 1) // s + 1
-    out = np.zeros((N, O, OH, OW), np.int64)
-    for i in range(KH):
-        for j in range(KW):
-            sl = xp[:, :, i * d:i * d + s * (OH - 1) + 1:s, j * d:j * d + s * (OW - 1) + 1:s]
-            out += np.repeat(sl, O // C, axis=1) * w[:, 0, i, j][None, :, None, None]
-    return out
 
 
 @pytest.mark.parametrize("N,C,H,K,s,d,m,pads,xdt,wbits", [
@@ -36,7 +20,7 @@ def test_depthwise_loop_exact(N, C, H, K, s, d, m, pads, xdt, wbits):
     w[0, 0, 0, 0] = 0                                      # a skipped zero tap
     pv = int(x.flat[0])
     got = ConvPlan(w, None, pads, pv, s, d, C)(x)
-    assert np.array_equal(got, _conv_ref(x, w, pads, pv, s, d))
+    assert np.array_equal(got, depthwise_ref(x, w, pads, pv, (s, s), (d, d)))
     # batch > 1: identical per-image results
     for n in range(N):
         assert np.array_equal(got[n:n + 1], ConvPlan(w, None, pads, pv, s, d, C)(x[n:n + 1]))
@@ -49,7 +33,7 @@ def test_depthwise_loop_detects_a_wrong_weight():
     bad = w.copy()
     bad[2, 0, 1, 1] += 1
     assert not np.array_equal(ConvPlan(bad, None, (1, 1, 1, 1), 0, 1, 1, 4)(x),
-                              _conv_ref(x, w, (1, 1, 1, 1), 0, 1, 1))
+                              depthwise_ref(x, w, (1, 1, 1, 1), 0, (1, 1), (1, 1)))
 
 
 def test_small_and_large_gemms_give_identical_exact_results(monkeypatch):

@@ -4,7 +4,6 @@ and the whole block run across NSS/CSS segments within tolerance."""
 from __future__ import annotations
 
 import json
-import os
 
 import onnx
 import pytest
@@ -15,14 +14,10 @@ from vit.attention import encoder_block
 @pytest.fixture(scope="module")
 def block(tmp_path_factory):
     d = tmp_path_factory.mktemp("vit_block")
-    old = os.environ.get("TORQ_GEN_CONFIG_CACHE_DIR")
-    os.environ["TORQ_GEN_CONFIG_CACHE_DIR"] = str(d / "cache")
     onnx.save(encoder_block(seq=4, dim=8, heads=2), d / "block.onnx")
-    yield d
-    if old is None:
-        os.environ.pop("TORQ_GEN_CONFIG_CACHE_DIR", None)
-    else:
-        os.environ["TORQ_GEN_CONFIG_CACHE_DIR"] = old
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TORQ_GEN_CONFIG_CACHE_DIR", str(d / "cache"))
+        yield d
 
 
 def cli(*argv) -> int:

@@ -10,7 +10,6 @@ from collections import Counter
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper
 
 
 def topk(logits: np.ndarray, k: int = 5) -> np.ndarray:
@@ -76,16 +75,8 @@ class LayerSqnr:
 
     @staticmethod
     def _session(model, names):
-        import onnxruntime as ort
-        m = onnx.ModelProto()
-        m.CopyFrom(model)
-        have = {o.name for o in m.graph.output}
-        m.graph.output.extend(helper.make_tensor_value_info(t, TensorProto.FLOAT, None)
-                              for t in names if t not in have)
-        so = ort.SessionOptions()
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-        so.log_severity_level = 3
-        sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        from ..quantize.calibration import probe_session
+        sess = probe_session(model, names)
         return sess, sess.get_inputs()[0].name, names
 
     def add(self, x_float: np.ndarray, x_int8: np.ndarray) -> None:

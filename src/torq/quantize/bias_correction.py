@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper, numpy_helper
 
 
 def _weight_error(w: np.ndarray, per_channel: bool) -> np.ndarray:
@@ -30,15 +30,8 @@ def _layers(model: onnx.ModelProto):
 
 
 def _input_means(model: onnx.ModelProto, names: list[str], reader) -> dict[str, np.ndarray]:
-    import onnxruntime as ort
-    m = onnx.ModelProto()
-    m.CopyFrom(model)
-    have = {o.name for o in m.graph.output}
-    m.graph.output.extend(helper.make_tensor_value_info(t, TensorProto.FLOAT, None) for t in names if t not in have)
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    so.log_severity_level = 3
-    sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    from .calibration import probe_session
+    sess = probe_session(model, names)
     sums = {t: 0.0 for t in names}
     count = 0
     reader.rewind()

@@ -26,6 +26,22 @@ from onnxruntime.quantization import CalibrationDataReader
 from ..errors import TorqError, one_line, quote
 
 
+def probe_session(model: onnx.ModelProto, outputs=()):
+    """An ORT session running ``model`` as written (no graph optimisations, so tensors keep their
+    names and float ops stay float) with the float tensors ``outputs`` exposed as extra graph
+    outputs: how calibration-time transforms and SQNR read intermediate activations."""
+    import onnxruntime as ort
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    have = {o.name for o in m.graph.output}
+    m.graph.output.extend(helper.make_tensor_value_info(t, onnx.TensorProto.FLOAT, None)
+                          for t in outputs if t not in have)
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    so.log_severity_level = 3
+    return ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+
 def input_specs(model: onnx.ModelProto) -> list[tuple[str, list[int | None], np.dtype]]:
     """(name, shape with None for dynamic dims, numpy dtype) of each real graph input."""
     inits = {t.name for t in model.graph.initializer}

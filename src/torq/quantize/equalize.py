@@ -27,9 +27,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper, numpy_helper
 
 from ..errors import TorqError, quote
+from .calibration import probe_session
 
 RELU6 = (0.0, 6.0)
 ROUNDS = 50                 # sweeps over all pairs; chains settle in a few
@@ -256,19 +257,6 @@ def _bound_relu6(s: np.ndarray, total: np.ndarray, peak: np.ndarray) -> np.ndarr
 
 # ----------------------------------------------------------------------------- calibration runs
 
-def _session(model: onnx.ModelProto, extra_outputs=()):
-    import onnxruntime as ort
-    m = onnx.ModelProto()
-    m.CopyFrom(model)
-    have = {o.name for o in m.graph.output}
-    m.graph.output.extend(helper.make_tensor_value_info(t, TensorProto.FLOAT, None)
-                          for t in extra_outputs if t not in have)
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    so.log_severity_level = 3
-    return ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
-
-
 def _rewind(reader) -> None:
     for name in ("rewind", "reset"):
         if callable(getattr(reader, name, None)):
@@ -289,7 +277,7 @@ def _samples(reader, limit: int | None = None):
 
 def channel_maxima(model: onnx.ModelProto, tensors: list[str], reader) -> dict[str, np.ndarray]:
     """Per-channel maximum of each N×C×… tensor over the calibration samples."""
-    sess = _session(model, tensors)
+    sess = probe_session(model, tensors)
     peaks = {t: None for t in tensors}
     for feed in _samples(reader):
         for t, v in zip(tensors, sess.run(tensors, feed)):
@@ -306,7 +294,7 @@ def check_equivalent(before: onnx.ModelProto, after: onnx.ModelProto, reader=Non
     if reader is None:
         from .calibration import SyntheticDataReader
         reader = SyntheticDataReader(before, CHECK_SAMPLES)
-    a, b = _session(before), _session(after)
+    a, b = probe_session(before), probe_session(after)
     worst = 0.0
     for feed in _samples(reader, CHECK_SAMPLES):
         for name, x, y in zip([o.name for o in before.graph.output], a.run(None, feed), b.run(None, feed)):
