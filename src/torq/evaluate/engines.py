@@ -50,12 +50,20 @@ class OrtEngine:
 
 
 class NssEngine:
-    """The NSS simulator on the int8 model compiled once for batch ``batch``."""
+    """The NSS simulator on the int8 model, ``batch`` images per call.
 
-    def __init__(self, qmodel: onnx.ModelProto, batch: int, rounding: str = "native"):
+    The call runs as ``threads`` sub-batches side by side (``Simulator.run_many``; default every
+    core this process may use), so the model is compiled for ceil(batch / threads) images; a
+    short sub-batch is padded with zeros like a short batch."""
+
+    def __init__(self, qmodel: onnx.ModelProto, batch: int, rounding: str = "native",
+                 threads: int | None = None):
         from .. import compile as torq_compile
+        from ..runtime.nss import usable_cores
         self.batch, self.rounding = batch, rounding
-        self.compiled = torq_compile(with_batch(qmodel, batch), name="evaluate")
+        self.threads = max(1, min(batch, threads or usable_cores()))
+        self.sub = -(-batch // self.threads)
+        self.compiled = torq_compile(with_batch(qmodel, self.sub), name="evaluate")
         if self.compiled.report.unsupported:
             raise TorqError(str(self.compiled.report.unsupported[0]))
         self.input = self.compiled.input_names[0]
@@ -63,17 +71,20 @@ class NssEngine:
         self._warm_up()
 
     def _warm_up(self) -> None:
-        """One zero batch: the simulator's compiled loops are built now, not during timing."""
+        """One zero sub-batch: the simulator's compiled loops are built now, not during timing."""
         shape = [d.dim_value for d in self.compiled.model.graph.input[0].type.tensor_type.shape.dim]
-        shape[0] = self.batch
+        shape[0] = self.sub
         self.compiled.run({self.input: np.zeros(shape, np.int8)}, rounding=self.rounding)
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
-        outs = []
-        for start in range(0, len(x), self.batch):
-            chunk = x[start:start + self.batch]
+        program = self.compiled.program
+        calls, sizes = [], []
+        for start in range(0, len(x), self.sub):
+            chunk = x[start:start + self.sub]
             n = len(chunk)
-            if n < self.batch:
-                chunk = np.concatenate([chunk, np.zeros((self.batch - n, *chunk.shape[1:]), chunk.dtype)])
-            outs.append(self.compiled.run({self.input: chunk}, rounding=self.rounding)[self.output][:n])
-        return np.concatenate(outs)
+            if n < self.sub:
+                chunk = np.concatenate([chunk, np.zeros((self.sub - n, *chunk.shape[1:]), chunk.dtype)])
+            calls.append(program.feed({self.input: chunk}))
+            sizes.append(n)
+        outs = self.compiled.simulator.run_many(calls, self.rounding, self.threads)
+        return np.concatenate([program.fetch(out)[self.output][:n] for out, n in zip(outs, sizes)])

@@ -5,9 +5,9 @@ batch exactly once; a batch's result depends only on its images (the model is co
 fixed batch and padded), so the backends agree image for image. Workers compile the model once
 (per process / per Ray actor-less task process via a cache keyed by the model bytes).
 
-``--jobs N`` (N worker processes, one BLAS thread each) is how the simulator uses several
-cores: its compiled loops are single-threaded and its GEMMs small, so N processes run N batches
-side by side. The workers compile the model before the first batch is handed out (not part of
+In process, one batch runs as sub-batches side by side on every core (threads,
+``NssEngine``). ``--jobs N`` (N worker processes, one thread and one BLAS thread each) is the
+other way to use several cores: N processes run N batches side by side. The workers compile the model before the first batch is handed out (not part of
 images/s), and batches go out in rounds of N: the caller's preprocessing of the next round never
 overlaps the NSS, so "NSS seconds = wall time - preprocessing time" stays true.
 """
@@ -24,20 +24,21 @@ _WORKER: dict = {}              # in a --jobs worker: its engine, or the error c
 _READY_TIMEOUT_S = 600
 
 
-def _engine(model_bytes: bytes, batch: int):
-    """The NssEngine for (model, batch), compiled on first use in this process."""
-    key = (hashlib.sha256(model_bytes).hexdigest(), batch)
+def _engine(model_bytes: bytes, batch: int, threads: int | None = None):
+    """The NssEngine for (model, batch, threads), compiled on first use in this process."""
+    key = (hashlib.sha256(model_bytes).hexdigest(), batch, threads)
     if key not in _ENGINES:
         import onnx
 
         from .engines import NssEngine
-        _ENGINES[key] = NssEngine(onnx.load_from_string(model_bytes), batch)
+        _ENGINES[key] = NssEngine(onnx.load_from_string(model_bytes), batch, threads=threads)
     return _ENGINES[key]
 
 
 def run_batch(model_bytes: bytes, batch: int, start: int, x: np.ndarray):
-    """One task: (start, NSS int8 logits of x). Pure: re-running it gives the same answer."""
-    return start, _engine(model_bytes, batch)(x)
+    """One task (a Ray worker, one core): (start, NSS int8 logits of x). Pure: re-running it
+    gives the same answer."""
+    return start, _engine(model_bytes, batch, threads=1)(x)
 
 
 def nss_outputs(qmodel, opts, inputs):
@@ -91,7 +92,7 @@ def _worker_init(data: bytes, batch: int, ready) -> None:
     from threadpoolctl import threadpool_limits
     _WORKER["blas"] = threadpool_limits(1)   # N processes on N cores: one BLAS thread each
     try:
-        _WORKER["engine"] = _engine(data, batch)
+        _WORKER["engine"] = _engine(data, batch, threads=1)
         ready.put(None)
     except Exception as e:  # noqa: BLE001 - reported by the parent as a one-line error
         _WORKER["error"] = str(e) or type(e).__name__

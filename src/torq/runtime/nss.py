@@ -12,6 +12,8 @@ Two rounding modes:
 """
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,6 +41,7 @@ class Simulator:
     def __init__(self, program: Program):
         self.program = program
         self.kernels = [self._bind(st) for st in program.steps]
+        self._pool: ThreadPoolExecutor | None = None
 
     @staticmethod
     def _bind(st: Step) -> _Kernel:
@@ -78,6 +81,33 @@ class Simulator:
                     diffs.append(OpDiff(st.op, st.location, rounding, *k.check(args, out, rounding)))
         outs = [np.asarray(env[o.slot]).astype(np_dtype(o.dtype), copy=False) for o in p.outputs]
         return (outs, diffs) if explain else outs
+
+    def run_many(self, calls: list[list[np.ndarray]], rounding: str = "native",
+                 threads: int | None = None) -> list[list[np.ndarray]]:
+        """``[self.run(inputs, rounding) for inputs in calls]``, the calls side by side on
+        ``threads`` threads (default: every core this process may use).
+
+        How one process uses several cores: the heavy parts of a run (BLAS GEMMs, compiled
+        loops, large numpy passes) release the GIL, BLAS stays on one thread per call, and
+        each call is independent, so the results are exactly the sequential ones."""
+        threads = min(len(calls), threads or usable_cores())
+        if threads <= 1:
+            return [self.run(inputs, rounding) for inputs in calls]
+        if self._pool is None or self._pool._max_workers != threads:
+            if self._pool is not None:
+                self._pool.shutdown(wait=False)
+            self._pool = ThreadPoolExecutor(threads, thread_name_prefix="torq-nss")
+        with single_thread_run(pinned=True):      # no BLAS switch while calls run side by side
+            futures = [self._pool.submit(self.run, inputs, rounding) for inputs in calls]
+            return [f.result() for f in futures]
+
+
+def usable_cores() -> int:
+    """CPU cores this process may run on (its affinity mask, not the machine's count)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
 
 
 def _check_result(out, k: _Kernel) -> None:

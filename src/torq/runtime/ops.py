@@ -94,18 +94,20 @@ def _with_acc(parts_fn, a, rtype):
 def _cached_plan(make):
     """plan(w, sb): ``make(w, sb)`` built once and reused while the weight and scale_bias operands
     are the same arrays (program constants: the program's lifetime) or hold the same values
-    (weights computed at run time from constants)."""
-    cache = {}
+    (weights computed at run time from constants). Safe in concurrent runs: the cached
+    (w, sb, plan) triple is replaced as a whole."""
+    cache = [(None, None, None)]
 
     def same(a, b):
         return a is b or (b is not None and a.shape == b.shape and a.dtype == b.dtype
                           and np.array_equal(a, b))
 
     def plan(w, sb):
-        if not (same(w, cache.get("w")) and same(sb, cache.get("sb"))):
-            cache.update(plan=make(w, sb))
-        cache.update(w=w, sb=sb)
-        return cache["plan"]
+        cw, csb, p = cache[0]
+        if not (same(w, cw) and same(sb, csb)):
+            p = make(w, sb)
+        cache[0] = (w, sb, p)
+        return p
     return plan
 
 

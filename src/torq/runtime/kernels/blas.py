@@ -10,15 +10,23 @@ setting. Results are identical either way (every GEMM is exact; see the package 
 Switching costs ~30 us (threadpoolctl), which per GEMM adds up (a batch of 16 EfficientNet-Lite0
 images runs ~500 of them), so a whole simulator run sits in ``single_thread_run``: one switch
 to one thread for the run, and back to the process setting only around the large GEMMs.
+
+Several runs may execute at once in different threads (``Simulator.run_many`` uses every core
+that way). The BLAS setting is process-wide, so the first run to start switches it to one
+thread and the last to end switches it back; a large GEMM gets every core only while its run
+is the only one active, and no run starts or ends while it has them (one lock guards both).
+``single_thread_run(pinned=True)`` keeps BLAS on one thread throughout, also for large GEMMs.
 """
 from __future__ import annotations
 
 import contextlib
+import threading
 
 SMALL_GEMM_MACS = 1 << 26
 
 _controller = None
-_run = {"depth": 0, "threads": 0}       # inside single_thread_run: the process setting it saved
+_lock = threading.RLock()
+_state = {"active": {}, "limiter": None, "threads": 1, "pinned": 0}   # active: thread id -> depth
 
 
 def _blas():
@@ -31,31 +39,54 @@ def _blas():
 
 
 @contextlib.contextmanager
-def single_thread_run():
-    """Context for a whole simulator run: BLAS on one thread, except inside large GEMMs."""
-    if _run["depth"]:
-        _run["depth"] += 1
-        try:
-            yield
-        finally:
-            _run["depth"] -= 1
+def single_thread_run(pinned: bool = False):
+    """Context for a whole simulator run (any thread, nested or concurrent runs): BLAS on one
+    thread, except inside large GEMMs of a run that is alone (never when ``pinned``)."""
+    me = threading.get_ident()
+    with _lock:
+        active = _state["active"]
+        if not active:
+            ctl = _blas()
+            _state["threads"] = max([lib["num_threads"] for lib in ctl.info()] or [1])
+            _state["limiter"] = ctl.limit(limits=1)
+        active[me] = active.get(me, 0) + 1
+        _state["pinned"] += int(pinned)
+    try:
+        yield
+    finally:
+        with _lock:
+            _state["pinned"] -= int(pinned)
+            active[me] -= 1
+            if not active[me]:
+                del active[me]
+            if not active:
+                _state["limiter"].restore_original_limits()
+                _state["limiter"] = None
+
+
+@contextlib.contextmanager
+def _all_cores():
+    """Every BLAS thread for one large GEMM of the only active run (see the module doc)."""
+    _lock.acquire()
+    alone = (not _state["pinned"] and _state["threads"] > 1
+             and list(_state["active"]) == [threading.get_ident()])
+    if not alone:
+        _lock.release()
+        yield
         return
-    ctl = _blas()
-    _run["threads"] = max([lib["num_threads"] for lib in ctl.info()] or [1])
-    with ctl.limit(limits=1):
-        _run["depth"] = 1
-        try:
+    try:
+        with _blas().limit(limits=_state["threads"]):
             yield
-        finally:
-            _run["depth"] = 0
+    finally:
+        _lock.release()
 
 
 def gemm_threads(macs: int):
     """Context for one GEMM of ``macs`` multiply-accumulates: one BLAS thread when it is small."""
-    if _run["depth"]:
-        if macs < SMALL_GEMM_MACS or _run["threads"] <= 1:
+    if _state["active"]:
+        if macs < SMALL_GEMM_MACS:
             return contextlib.nullcontext()
-        return _blas().limit(limits=_run["threads"])
+        return _all_cores()
     if macs >= SMALL_GEMM_MACS:
         return contextlib.nullcontext()
     return _blas().limit(limits=1)
