@@ -120,7 +120,7 @@ def _conv(st, rtype):
     def parts_fn(args):
         w, sb, x = args
         one_d = x.ndim == 3                              # Conv1D runs as 2-D with H = 1
-        p = plan(w, sb).parts(x[:, :, None, :] if one_d else x)
+        p = plan(w, sb).parts(x[:, :, None, :] if one_d else x, kernels.thread_workspace())
         return p._replace(acc=p.acc[:, :, 0, :]) if one_d else p
     return _with_acc(parts_fn, a, rtype)
 

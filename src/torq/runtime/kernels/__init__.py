@@ -60,6 +60,7 @@ from .gemm import AccParts, FcPlan, conv_out_size, fc_acc
 from .pool import maxpool, pool_sum
 from . import depthwise
 from .tables import BYTE_TYPES, byte_grid, pair_lookup
+from .workspace import Workspace, thread_workspace
 
 __all__ = ["conv_out_size", "conv2d_acc", "fc_acc", "pool_sum", "maxpool", "ConvPlan", "FcPlan",
-           "AccParts", "BYTE_TYPES", "byte_grid", "pair_lookup"]
+           "AccParts", "BYTE_TYPES", "byte_grid", "pair_lookup", "Workspace", "thread_workspace"]

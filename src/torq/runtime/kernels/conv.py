@@ -8,6 +8,7 @@ from ...numerics.loops import jit, pair
 from .depthwise import depthwise_acc
 from .gemm import AccParts, _acc_dtype, _centre, _gemm, _pads, _range, _Weights, conv_out_size
 from .winograd import _Winograd
+from .workspace import Workspace, empty
 
 _COLS_BUDGET = 1 << 22      # elements of the column buffer per block (16 MiB in float32)
 _WIDE_MAX_WASTE = 0.05      # use "wide" columns when the junk columns are at most this fraction
@@ -104,7 +105,9 @@ class ConvPlan:
     def __call__(self, x) -> np.ndarray:
         return self.parts(x).int64(axis=1)
 
-    def parts(self, x) -> AccParts:
+    def parts(self, x, ws: Workspace | None = None) -> AccParts:
+        """The accumulator; with a workspace ``ws`` its arrays live in ws (valid until ws is
+        asked for them again: the caller consumes the accumulator first)."""
         x = np.asarray(x)
         if x.ndim != 4:
             raise ValueError("conv2d_acc expects x [N,C,H,W] and w [O,C/g,KH,KW]")
@@ -125,7 +128,7 @@ class ConvPlan:
         acc_bound = mx * self.row_abs_max
         if self.depthwise:
             acc = depthwise_acc(x, self.w64, self.pads, self.pad_value, c, mx, self.wmax,
-                             self.stride, self.dilation, OH, OW, O // C)
+                             self.stride, self.dilation, OH, OW, O // C, ws)
             return AccParts(acc, extra, acc_bound, bound)
         if self._wino_ok and ((OH + 1) // 2) * ((OW + 1) // 2) >= _WINO_MIN_TILES:
             if self._wino is None:
@@ -135,9 +138,9 @@ class ConvPlan:
                 fill = self.pad_value - c if has_pad else 0
                 acc = self._wino.run(x, weng, c, fill, self.pads, OH, OW)
                 return AccParts(acc, extra, acc_bound, bound)
-        return AccParts(self._dense(x, c, key, OH, OW), extra, acc_bound, bound)
+        return AccParts(self._dense(x, c, key, OH, OW, ws), extra, acc_bound, bound)
 
-    def _dense(self, x, c, key, OH, OW) -> np.ndarray:
+    def _dense(self, x, c, key, OH, OW, ws=None) -> np.ndarray:
         N, C, H, W = x.shape
         O, Cg, KH, KW = self.shape
         g = self.groups
@@ -164,12 +167,13 @@ class ConvPlan:
         width = Wq if wide else OW
         K = T * Cg
         rb = max(1, min(OH, _COLS_BUDGET // max(1, K * width)))   # output rows per block
-        acc = np.empty((N, g, Og, OH, width), dtype=_acc_dtype(eng))
+        acc = empty(ws, "acc", (N, g, Og, OH, width), _acc_dtype(eng))
         phase_keys = sorted({(t[0], t[1]) for t in taps})
         direct = T == 1 and wide
         colbuf = None
         for n in range(N):
-            ph = {k: _phase(x[n], k[0], k[1], sh, sw, pt, pl, rows, Wq, fill, c, dtype)
+            ph = {k: _phase(x[n], k[0], k[1], sh, sw, pt, pl, rows, Wq, fill, c, dtype,
+                            None if ws is None else ws.array(f"phase{k}", (C, rows, Wq), dtype))
                   for k in phase_keys}
             flat = {k: v.reshape(g, Cg, rows * Wq) for k, v in ph.items()}
             out_n = acc[n].reshape(g, Og, OH * width)
@@ -182,7 +186,7 @@ class ConvPlan:
                     cols = flat[(a, b)][:, :, s0:s0 + Lb]
                 else:
                     if colbuf is None or colbuf.shape[-1] != Lb:
-                        colbuf = np.empty((g, T, Cg, Lb), dtype=dtype)
+                        colbuf = empty(ws, "cols", (g, T, Cg, Lb), dtype)
                     for t, (a, b, ri, rj) in enumerate(taps):
                         if wide:
                             s0 = (ri + r0) * Wq + rj
