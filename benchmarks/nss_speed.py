@@ -1,6 +1,7 @@
 """NSS simulator speed on ResNet-18 (224x224, batch 1, A8W8 QDQ full-integer), side by side with ORT.
 
-    .venv/bin/python benchmarks/nss_speed.py [--per-channel] [--rounds 7] [--threads 2] [--batch B]
+    .venv/bin/python benchmarks/nss_speed.py [--model resnet18|mobilenetv2|effnet|M.onnx] [--per-channel]
+                                             [--rounds 7] [--threads 2] [--batch B] [--nss-threads T]
 
 With --batch B every variant runs the model compiled for B images per call (B different
 images); times are printed per call and per image, with images/s.
@@ -13,7 +14,11 @@ the (noisy, 2-vCPU) host hits all variants alike. Variants:
                            of an S8S8 QDQ graph and runs the rest as DQ -> fp32 Conv -> Q)
   ORT int8 qdqisint8=1     same model with `session.qdqisint8allowed=1` (all integer kernels; the
                            session torq verifies against)
-  NSS native / NSS ort     torq's numpy simulator of the lowered torq_hl program, both roundings
+  NSS native / NSS ort     torq's numpy simulator of the lowered torq_hl program, both roundings,
+                           one thread (one core)
+  NSS native xT threads    the same B images as T sub-batches side by side (``evaluate``'s
+                           ``NssEngine``: Simulator.run_many), T = --nss-threads (default: every
+                           core this process may use; the variant is left out when T = 1)
 
 Prints: quantization and compile times, which kernels each ORT int8 session really runs, a
 numeric sanity check (NSS `ort` rounding must be bit-exact with the qdqisint8 session), the median
@@ -215,6 +220,8 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2, help="ORT intra_op_num_threads (default 2)")
     ap.add_argument("--hw", type=int, default=224, help="input height = width (default 224)")
     ap.add_argument("--batch", type=int, default=1, help="images per call, every variant (default 1)")
+    ap.add_argument("--nss-threads", type=int, default=0, metavar="T",
+                    help="threads of the multi-threaded NSS variant (default 0: every usable core)")
     ap.add_argument("--num-calib", type=int, default=16, help="calibration samples (default 16)")
     ap.add_argument("--min-time", type=float, default=0.25,
                     help="seconds of calls per variant per round, at least one call (default 0.25)")
@@ -225,8 +232,10 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", action="store_true",
                     help="also time every NSS step (native) and print totals per op kind and the slowest steps")
     args = ap.parse_args(argv)
-    if args.rounds < 1 or args.threads < 1 or args.batch < 1:
-        ap.error("--rounds, --threads and --batch must be >= 1")
+    if args.rounds < 1 or args.threads < 1 or args.batch < 1 or args.nss_threads < 0:
+        ap.error("--rounds, --threads and --batch must be >= 1, --nss-threads >= 0")
+    from torq.runtime.nss import usable_cores
+    nss_threads = min(args.batch, args.nss_threads or usable_cores())
 
     qname = "per-channel" if args.per_channel else "per-tensor"
     B = args.batch
@@ -246,7 +255,7 @@ def main(argv=None) -> int:
             TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
             TimeElapsedColumn(), console=err, transient=True) as bar:
         tmp = Path(tmp)
-        setup = bar.add_task("build model", total=5)
+        setup = bar.add_task("build model", total=6)
         bar.update(setup, advance=1, description="quantize")
         t0 = time.perf_counter()
         q = torq.quantize(fp32, full_integer=True, per_channel=args.per_channel, quant_format="qdq",
@@ -263,6 +272,13 @@ def main(argv=None) -> int:
         t0 = time.perf_counter()
         program = compiled.simulator
         t_program = time.perf_counter() - t0
+        engine = None
+        if nss_threads > 1:
+            from torq.evaluate.engines import NssEngine
+            bar.update(setup, advance=1, description=f"compile for {nss_threads} threads")
+            engine = NssEngine(q, B, "native", threads=nss_threads)
+        else:
+            bar.update(setup, advance=1)
         bar.update(setup, advance=1, description="ORT sessions")
         sessions = {
             "ORT fp32": make_session(fp32, args.threads, False),
@@ -284,6 +300,8 @@ def main(argv=None) -> int:
             "NSS native": lambda: program.run([xq], "native")[0],
             "NSS ort": lambda: program.run([xq], "ort")[0],
         }
+        if engine is not None:
+            variants[f"NSS native x{nss_threads} threads"] = lambda: engine(xq)
         warm = bar.add_task("warm-up", total=len(variants))
         outs = {}
         for name, fn in variants.items():
@@ -318,17 +336,20 @@ def main(argv=None) -> int:
 
     ref = outs["ORT int8 qdqisint8=1"].astype(np.int64)
     print("numerics vs ORT int8 qdqisint8=1 (int8 logits):")
-    for name in ("NSS ort", "NSS native", "ORT int8 default"):
+    for name in ("NSS ort", "NSS native", *[n for n in outs if "threads" in n], "ORT int8 default"):
         d = np.abs(outs[name].astype(np.int64) - ref)
         verdict = "bit-exact" if not d.any() else f"max |Δ| {int(d.max())} LSB, {int((d > 0).sum())}/{d.size} differ"
         print(f"  {name:24s}{verdict}")
+    for name in (n for n in outs if "threads" in n):
+        same = np.array_equal(outs[name], outs["NSS native"])
+        print(f"  {name} vs NSS native (1 thread): {'identical' if same else 'DIFFERENT'}")
 
     print()
-    print(f"{'variant':24s}{'median ms':>11s}{'min ms':>9s}{'ms/image':>10s}{'images/s':>10s}{'x ORT fp32':>12s}")
+    print(f"{'variant':26s}{'median ms':>11s}{'min ms':>9s}{'ms/image':>10s}{'images/s':>10s}{'x ORT fp32':>12s}")
     for name, ts in per_round.items():
         ratio = statistics.median(t / f for t, f in zip(ts, per_round["ORT fp32"]))
         med = statistics.median(ts)
-        print(f"{name:24s}{med * 1e3:11.1f}{min(ts) * 1e3:9.1f}{med * 1e3 / B:10.2f}{B / med:10.1f}{ratio:12.2f}")
+        print(f"{name:26s}{med * 1e3:11.1f}{min(ts) * 1e3:9.1f}{med * 1e3 / B:10.2f}{B / med:10.1f}{ratio:12.2f}")
     print("(median over rounds of each round's median call; ratio = median of same-round ratios)")
     print(f"peak RSS {peak_rss_mb():.0f} MB")
     if profile is not None:

@@ -16,6 +16,11 @@ that way). The BLAS setting is process-wide, so the first run to start switches 
 thread and the last to end switches it back; a large GEMM gets every core only while its run
 is the only one active, and no run starts or ends while it has them (one lock guards both).
 ``single_thread_run(pinned=True)`` keeps BLAS on one thread throughout, also for large GEMMs.
+
+Measured with numpy's OpenBLAS 0.3.31: once the main thread has set the thread count, a set
+from another thread does not take effect. So whoever runs calls side by side enters the pinned
+context in its own (usually the main) thread first and leaves it last, as ``run_many`` does:
+the switches then happen there. Results never depend on it (every GEMM is exact).
 """
 from __future__ import annotations
 
@@ -26,7 +31,7 @@ SMALL_GEMM_MACS = 1 << 26
 
 _controller = None
 _lock = threading.RLock()
-_state = {"active": {}, "limiter": None, "threads": 1, "pinned": 0}   # active: thread id -> depth
+_state = {"active": {}, "saved": [], "threads": 1, "pinned": 0}   # active: thread id -> depth
 
 
 def _blas():
@@ -46,9 +51,10 @@ def single_thread_run(pinned: bool = False):
     with _lock:
         active = _state["active"]
         if not active:
-            ctl = _blas()
-            _state["threads"] = max([lib["num_threads"] for lib in ctl.info()] or [1])
-            _state["limiter"] = ctl.limit(limits=1)
+            libs = _blas().lib_controllers
+            _state["saved"] = [(lib, lib.get_num_threads()) for lib in libs]
+            _state["threads"] = max([n for _, n in _state["saved"]] or [1])
+            _set_threads(libs, 1)
         active[me] = active.get(me, 0) + 1
         _state["pinned"] += int(pinned)
     try:
@@ -60,8 +66,9 @@ def single_thread_run(pinned: bool = False):
             if not active[me]:
                 del active[me]
             if not active:
-                _state["limiter"].restore_original_limits()
-                _state["limiter"] = None
+                for lib, n in _state["saved"]:
+                    lib.set_num_threads(n)
+                _state["saved"] = []
 
 
 @contextlib.contextmanager
@@ -75,10 +82,17 @@ def _all_cores():
         yield
         return
     try:
-        with _blas().limit(limits=_state["threads"]):
-            yield
+        _set_threads(_blas().lib_controllers, _state["threads"])
+        yield
     finally:
+        _set_threads(_blas().lib_controllers, 1)
         _lock.release()
+
+
+def _set_threads(libs, n: int) -> None:
+    """Set the thread count of each BLAS library (see the module doc on threads)."""
+    for lib in libs:
+        lib.set_num_threads(n)
 
 
 def gemm_threads(macs: int):

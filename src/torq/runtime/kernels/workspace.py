@@ -11,6 +11,7 @@ accumulator it consumes within the same step; without a workspace the kernels al
 """
 from __future__ import annotations
 
+import math
 import threading
 
 import numpy as np
@@ -25,7 +26,7 @@ class Workspace:
     def array(self, name: str, shape, dtype) -> np.ndarray:
         """An uninitialised array; its memory is reused by the next request for ``name``."""
         dtype = np.dtype(dtype)
-        size = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        size = math.prod(shape) * dtype.itemsize
         buf = self._buffers.get(name)
         if buf is None or buf.size < size:
             buf = self._buffers[name] = np.empty(max(size, 64), dtype=np.uint8)

@@ -1,0 +1,128 @@
+"""The simulator on several cores in one process (Simulator.run_many, NssEngine threads): every
+call's result is exactly the sequential one, per-image results do not depend on how a batch is
+split, the `ort` rounding stays bit-exact with ONNX Runtime, the per-op check still judges what
+the threads executed, and the process BLAS setting comes back as it was."""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+import torq
+from torq import numerics, zoo
+from torq.evaluate.engines import NssEngine, OrtEngine, with_batch
+from torq.runtime.kernels import blas
+
+
+@pytest.fixture(scope="module")
+def qmodel():
+    """MobileNetV2 at 32 px (random weights): conv, depthwise (both loops), add, pool, fc."""
+    m = with_batch(zoo.mobilenet_v2(32), 1)
+    return torq.quantize(m, full_integer=True, per_channel=True, quant_format="qdq", num_calib=4)
+
+
+@pytest.fixture(scope="module")
+def compiled2(qmodel):
+    return torq.compile(with_batch(qmodel, 2))
+
+
+def _images(n, seed=0):
+    return np.random.default_rng(seed).integers(-128, 128, (n, 3, 32, 32)).astype(np.int8)
+
+
+@pytest.mark.parametrize("rounding", ["native", "ort"])
+def test_run_many_is_the_sequential_runs(compiled2, rounding):
+    sim = compiled2.simulator
+    calls = [[x] for x in _images(10, seed=1).reshape(5, 2, 3, 32, 32)]
+    alone = [sim.run(c, rounding) for c in calls]
+    together = sim.run_many(calls, rounding, threads=2)
+    assert len(together) == len(calls)
+    for a, b in zip(alone, together):
+        assert len(a) == len(b) == 1 and a[0].dtype == b[0].dtype and np.array_equal(a[0], b[0])
+    assert sim.run_many(calls[:1], rounding, threads=2)[0][0].tobytes() == alone[0][0].tobytes()
+
+
+def test_engine_split_is_batch_invariant_and_ort_exact(qmodel):
+    x = _images(7, seed=2)
+    single = NssEngine(qmodel, 1, threads=1)(x)
+    split = NssEngine(qmodel, 5, threads=2)                  # sub-batches of 3, last one padded
+    assert (split.threads, split.sub) == (2, 3)
+    assert np.array_equal(split(x), single)
+    ort_nss = NssEngine(qmodel, 4, rounding="ort", threads=2)(x)
+    ort_ref = OrtEngine(with_batch(qmodel, 7))(x)
+    assert ort_nss.dtype == ort_ref.dtype and np.array_equal(ort_nss, ort_ref)
+    assert NssEngine(qmodel, 3, threads=8).threads == 3      # never more threads than images
+
+
+def test_run_many_threads_really_run_the_calls(compiled2, monkeypatch):
+    """The calls run in the pool's threads, and a fault injected into a compiled rescale loop in
+    those threads only is seen: outputs differ from the clean sequential runs, and the per-op
+    check of such a run reports the op that executed something other than its formula."""
+    sim = compiled2.simulator
+    calls = [[x] for x in _images(8, seed=3).reshape(4, 2, 3, 32, 32)]
+    clean = [sim.run(c)[0] for c in calls]
+    orig, seen = numerics.native.act_loop, set()
+
+    def faulty(*args):
+        orig(*args)
+        name = threading.current_thread().name
+        seen.add(name)
+        if name.startswith("torq-nss"):
+            out = args[-1]
+            out[0, 0, 0, 0] = out[0, 0, 0, 0] + 1 if out[0, 0, 0, 0] < 127 else 0
+    monkeypatch.setattr(numerics.native, "act_loop", faulty)
+    outs = [o[0] for o in sim.run_many(calls, threads=2)]
+    assert any(n.startswith("torq-nss") for n in seen)
+    assert any(not np.array_equal(a, b) for a, b in zip(outs, clean))
+    checked = sim._pool.submit(sim.run, calls[0], "native", True).result()
+    bad = [od for od in checked[1] if od.mismatches]
+    assert bad and not bad[0].explained and bad[0].op.startswith("torq_hl.")
+    assert all(od.mismatches == 0 for od in sim.run(calls[0], "native", explain=True)[1])
+
+
+def _blas_threads():
+    return max(lib["num_threads"] for lib in blas._blas().info())
+
+
+def test_blas_setting_is_one_thread_inside_and_restored_after(compiled2):
+    before = _blas_threads()
+    sim = compiled2.simulator
+    calls = [[x] for x in _images(6, seed=4).reshape(3, 2, 3, 32, 32)]
+    seen = []
+    first = sim.kernels[0]
+    orig = first.fn
+
+    def recording(args, rounding):
+        seen.append((threading.current_thread().name, _blas_threads()))
+        return orig(args, rounding)
+    first.fn = recording
+    try:
+        sim.run_many(calls, threads=3)
+    finally:
+        first.fn = orig
+    assert len(seen) == 3 and all(n == 1 for _, n in seen)
+    assert all(name.startswith("torq-nss") for name, _ in seen)
+    assert _blas_threads() == before and not blas._state["active"] and blas._state["pinned"] == 0
+
+
+def test_run_bookkeeping_with_nested_and_interleaved_threads():
+    """Runs entered and left in any interleaving, nested in one thread: the last one out
+    leaves no state behind, and while any run is active BLAS stays on one thread."""
+    before = _blas_threads()
+    entered, inside = threading.Barrier(2), []
+
+    def run():
+        with blas.single_thread_run():
+            with blas.single_thread_run():                  # nested in the same thread
+                entered.wait(timeout=10)
+                inside.append(_blas_threads())
+            entered.wait(timeout=10)
+    with blas.single_thread_run(pinned=True):               # the caller's context, as run_many's
+        threads = [threading.Thread(target=run) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=30)
+        assert inside == [1, 1] and not blas._state["active"].get(threads[0].ident)
+    assert _blas_threads() == before and not blas._state["active"] and blas._state["pinned"] == 0
