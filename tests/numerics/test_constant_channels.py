@@ -132,3 +132,30 @@ def test_wrong_constant_channel_multiplier_fails_verify(monkeypatch):
     compiled = torq.compile(_conv_with_zero_channels([2, 5], 0.5))
     res = verify(compiled, modes=("native",))
     assert not res.ok
+
+
+def test_fully_connected_zero_columns_keep_live_precision_and_stay_exact():
+    from onnx import helper
+    from qmodels import model, quantize, run
+    rng = np.random.default_rng(11)
+    w = rng.normal(0, 0.3, (6, 16)).astype(np.float32)
+    b = rng.normal(0, 0.2, 6).astype(np.float32)
+    w[[1, 4]] = 0.0
+    b[4] = 0.0
+    m = model([helper.make_node("Gemm", ["x", "w", "b"], ["y"], transB=1)], [("x", [2, 16])], ["y"],
+              {"w": w, "b": b})
+    q = quantize(m, {"x": [2, 16]}, "qdq", per_channel=True)
+    compiled = torq.compile(q)
+    from torq.compiler import importer, torq_hl
+    from torq.compiler.lowering import func_ops
+    module = importer.parse(compiled.ir("torq_hl"))
+    with module.context:
+        (op,) = [o for o in func_ops(module) if o.name == "torq_hl.fully_connected"]
+        sb = np.array(op.operands[2].owner.attributes["value"]).astype(np.int64)
+    assert sb[1::2][[0, 2, 3, 5]].min() >= 2 ** 24
+    res = verify(compiled, modes=("native", "ort"))
+    assert res.ok and next(o for o in res.outputs if o.mode == "ort").exact
+    x = {"x": rng.integers(-128, 128, (2, 16), dtype=np.int8)}
+    ref, nat = run(q, x)["y"], compiled.run(x, "native")["y"]
+    assert np.array_equal(nat[:, [1, 4]], ref[:, [1, 4]])
+    assert np.abs(nat.astype(int) - ref.astype(int)).max() <= 1
