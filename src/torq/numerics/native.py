@@ -14,13 +14,15 @@ scales come in as float32 values and are widened exactly; results are int64.
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import numpy as np
 
 from .loops import act_loop, add_loop, as4d, bcast, channel_params, contiguous_rows, parts_int64, split_ok
 
 __all__ = ["INT32_MIN", "INT32_MAX", "MAX_SHIFT", "SHIFT_STEP", "ZERO_SCALE_SHIFT", "llround",
-           "multiplier_and_shift", "per_channel_multipliers", "conv_rescale", "ntp_shift",
+           "multiplier_and_shift", "per_channel_multipliers", "conv_rescale",
+           "conv_rescale_constant_channels", "constant_channel", "ntp_shift",
            "act_native", "act_native_parts", "add_multipliers", "add_native_mults", "mul_multiplier",
            "mul_native", "avgpool_multiplier", "avgpool_native", "UINT8_SHIFT", "uint8_to_int8",
            "int8_to_uint8"]
@@ -120,8 +122,79 @@ def conv_rescale(dq_scale, ys) -> tuple[np.ndarray, int]:
     the division is done in double from the float32 values. Per-tensor scales give a 1-element
     vector.
     """
+    return per_channel_multipliers(_rescale_scales(dq_scale, ys))
+
+
+def _rescale_scales(dq_scale, ys) -> np.ndarray:
     dq = np.asarray(dq_scale, dtype=_F32).astype(_F64).reshape(-1)
-    return per_channel_multipliers(dq / _F64(_F32(ys)))
+    return dq / _F64(_F32(ys))
+
+
+def conv_rescale_constant_channels(dq_scale, ys, bias, constant, out_zp, out_min, out_max):
+    """``conv_rescale`` for constant weights, where some output channels (``constant``, a mask)
+    have all-zero weights: their accumulator is their bias, their output a constant.
+
+    Such channels do not take part in choosing the shared shift. ORT gives an all-zero weight
+    channel the weight scale 1.0, often thousands of times the live channels' scales; as the
+    largest scale it would set the shift and leave every live multiplier 10-15 bits short
+    (EfficientNet-Lite0 with dead channels: median 16 bits instead of 25-29, the main source of
+    native-vs-ORT 1-LSB differences). Each constant channel instead gets a bias ``b·2**k`` and a
+    multiplier solved so that the ACT unit outputs exactly ``clamp(NTP(b·scale) + zp)``
+    (``constant_channel``); its ORT dq scale is divided by ``2**k`` so that ORT's float recipe
+    gives the same numbers too (power-of-two scaling is exact in float32). Channels without a
+    solution keep taking part, as in ``conv_rescale``.
+
+    Returns ``(multipliers, shift, bias, dq_scale)``, the last two changed (copies) where k > 0.
+    """
+    scales, bias_in = _rescale_scales(dq_scale, ys), bias
+    mask = np.asarray(constant, bool).reshape(-1)
+    if len(scales) < 2 or mask.all() or not mask.any():       # per-tensor: one scale, no outlier
+        return (*per_channel_multipliers(scales), bias, dq_scale)
+    bias = np.array(bias, dtype=np.int64).reshape(-1)
+    dq = np.array(dq_scale, dtype=_F32).reshape(-1)
+    mults, shift = per_channel_multipliers(np.where(mask, 0.0, scales))
+    for c in np.flatnonzero(mask):
+        solved = constant_channel(int(bias[c]), float(scales[c]), shift, out_zp, out_min, out_max)
+        if solved is None:
+            return (*per_channel_multipliers(scales), np.asarray(bias_in), dq_scale)
+        k, mults[c] = solved
+        bias[c] <<= k
+        dq[c] = np.ldexp(dq[c], -k)
+    return mults, shift, bias, dq
+
+
+def constant_channel(acc: int, scale: float, shift: int, out_zp: int, out_min: int,
+                     out_max: int) -> tuple[int, int] | None:
+    """``(k, m)``: with accumulator ``acc·2**k`` and multiplier ``m`` in [0, INT32_MAX] the ACT
+    unit at ``shift`` outputs ``clamp(NTP(acc·scale) + out_zp)`` (exact rationals); or None.
+
+    k = 0 with the usual ``llround(scale·2**shift)`` when that fits and gives the constant;
+    otherwise the smallest k (``acc·2**k`` within int32) for which some multiplier does (the
+    ACT output is monotonic in the multiplier, so the bounds of the wanted value give it).
+    """
+    zp, lo, hi = int(out_zp), int(out_min), int(out_max)
+    exact = Fraction(acc) * Fraction(_check_scale(scale))
+    want = min(max(math.floor(exact + Fraction(1, 2)) + zp, lo), hi)
+    half = (1 << shift) >> 1
+    # t = floor((a·m + half) / 2**s) must land in [t_lo, t_hi]: the values that clamp to `want`
+    t_lo = want - zp if want > lo else None
+    t_hi = want - zp if want < hi else None
+    for k in range(0, shift + 1):
+        a = acc << k
+        if not INT32_MIN <= a <= INT32_MAX:
+            return None
+        usual = _llround_pow2(float(scale), shift - k)
+        candidates = [usual, 0, INT32_MAX]
+        if a > 0 and t_lo is not None:      # smallest m with t >= t_lo
+            candidates.append(-((half - t_lo * (1 << shift)) // a))
+        if a < 0 and t_hi is not None:      # smallest m with t <= t_hi
+            candidates.append((half - (t_hi + 1) * (1 << shift)) // -a + 1)
+        for m in candidates:
+            if 0 <= m <= INT32_MAX and min(max(((a * m + half) >> shift) + zp, lo), hi) == want:
+                return k, int(m)
+        if a == 0:
+            return None
+    return None
 
 
 def ntp_shift(t: np.ndarray, shift) -> np.ndarray:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ... import numerics
 from .. import linalg_view as L
 from .. import recognise as R
 from .. import torq_hl
@@ -263,3 +264,11 @@ def folded_bias(ctx: Ctx, op, bias, in_zp: int, w_adj) -> np.ndarray | Fail:
         if fail is not None:        # (a Fail is falsy: compare with None)
             return fail
     return folded
+
+
+def rescale(dq_scale, ys, w_adj, bias, q):
+    """``(multipliers, shift, bias, dq_scale)`` of a constant-weight conv / FC:
+    ``numerics.conv_rescale_constant_channels``, told which output channels have all-zero
+    weights (a constant output, which must not choose the shared shift)."""
+    dead = ~np.asarray(w_adj).reshape(len(bias), -1).any(axis=1)
+    return numerics.conv_rescale_constant_channels(dq_scale, ys, bias, dead, int(q.zp), int(q.lo), int(q.hi))

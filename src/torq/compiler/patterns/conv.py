@@ -21,7 +21,7 @@ import numpy as np
 from ... import numerics
 from .. import linalg_view as L
 from .. import recognise as R
-from .common import Ctx, Fail, Root, constant, emit, folded_bias, int32_or_fail, pad_constant, scalar, strip_pad
+from .common import Ctx, Fail, Root, constant, emit, folded_bias, int32_or_fail, pad_constant, rescale, scalar, strip_pad
 
 
 @dataclass
@@ -215,23 +215,25 @@ class QConv2D:
     def rewrite(self, ctx: Ctx, root: Root, m: ConvMatch):
         from torch_mlir import ir
         ys = np.float32(root.q.scale)
-        mults, shift = numerics.conv_rescale(m.dq_scale, ys)
         ip = ir.InsertionPoint(root.op)
         loc = m.conv.location
+        dq_scale = m.dq_scale
         if m.w_value is not None:
+            mults, shift = numerics.conv_rescale(m.dq_scale, ys)
             weights, sb = _dynamic_weights(m, mults, loc, ip)
         else:
             w_adj = m.w - m.w_zp                                       # seed §4.3.1
             bias = folded_bias(ctx, m.conv, m.bias, m.in_zp, w_adj)   # §4.3.2 + §4.3.3
             if isinstance(bias, Fail):
                 return bias
+            mults, shift, bias, dq_scale = rescale(m.dq_scale, ys, w_adj, bias, root.q)
             scale_bias = np.stack([bias, mults], axis=1).reshape(-1)   # [b0, m0, b1, m1, ...]
             weights = constant(w_adj, "i16" if m.w_zp != 0 else "i8", loc, ip)
             sb = constant(scale_bias, "i32", loc, ip)
         attrs = dict(input_zp=m.in_zp, weight_zp=0, output_zp=int(root.q.zp), output_min=root.q.lo,
                      output_max=root.q.hi, shift_factor=shift, groups=m.groups, pad=m.pad,
                      stride=m.stride, dilation=m.dilation,
-                     ort_dq_scale=m.dq_scale, ort_output_scale=[ys])
+                     ort_dq_scale=dq_scale, ort_output_scale=[ys])
         return emit(m.op_name, root, [weights, sb, m.x], attrs, m.conv)
 
 

@@ -17,7 +17,7 @@ from ... import numerics
 from .. import linalg_view as L
 from .. import recognise as R
 from .. import torq_hl
-from .common import Ctx, Fail, Root, constant, emit, empty, folded_bias, scalar
+from .common import Ctx, Fail, Root, constant, emit, empty, folded_bias, rescale, scalar
 
 
 @dataclass
@@ -141,14 +141,14 @@ class QFullyConnected:
         bias = folded_bias(ctx, m.mm, m.bias, m.in_zp, w_adj)  # q_bias = q_b - Z_X·Σ q_W (lecture)
         if isinstance(bias, Fail):
             return bias
-        mults, shift = numerics.conv_rescale(m.dq_scale, ys)
+        mults, shift, bias, dq_scale = rescale(m.dq_scale, ys, w_adj, bias, root.q)
         ip = ir.InsertionPoint(root.op)
         loc = m.mm.location
         weights = constant(w_adj, "i16" if m.w_zp != 0 else "i8", loc, ip)
         sb = constant(np.stack([bias, mults], axis=1).reshape(-1), "i32", loc, ip)
         attrs = dict(input_zp=m.in_zp, weight_zp=0, output_zp=int(root.q.zp), output_min=root.q.lo,
                      output_max=root.q.hi, shift_factor=shift,
-                     ort_dq_scale=m.dq_scale, ort_output_scale=[ys])
+                     ort_dq_scale=dq_scale, ort_output_scale=[ys])
         if len(L.shape_of(m.x)) == 2:
             return emit("fully_connected", root, [weights, sb, m.x], attrs, m.mm)
         return _batched(root, weights, sb, m, attrs, ip)
