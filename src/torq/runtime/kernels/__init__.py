@@ -42,12 +42,16 @@ and its worker threads spin for a while after each call, so a second thread pool
 (measured: a 2-thread numba Winograd transform made ResNet-18 7x slower on 2 vCPUs). For the
 same reason small GEMMs run on one BLAS thread (``blas.gemm_threads``, switched once per
 simulator run by ``blas.single_thread_run``; not the batched Winograd GEMMs, which gain from
-every core). Several cores are used by running batches in several processes (``evaluate --jobs``).
+every core). Several cores are used one level up: independent calls (the sub-batches of a batch)
+run side by side in threads (``Simulator.run_many``, ``evaluate``'s default: ~1.8x on 2 cores),
+or batches in several processes (``evaluate --jobs``). Each thread's accumulators live in its own
+``workspace.Workspace`` (reused from step to step: no fresh pages per step).
 
 Depthwise convolutions (``depthwise``) are compiled loops reading the integer input directly:
 per plane (wide planes: the stride phases, then one contiguous run per tap) or channels-last
-(7x7 / 14x14 planes: vectorised along the channels), in float32 when KH*KW*max|x'|*max|w| < 2**24
-(every partial sum exact), else float64/int64.
+(7x7 / 14x14 planes: vectorised along the channels, a kernel row of 3 or 5 taps summed per pass),
+in float32 when KH*KW*max|x'|*max|w| < 2**24 (every partial sum exact, in any order), else
+float64/int64.
 
 Layout: activations [N, C, H, W]; conv weights [O, C/groups, KH, KW]; fc weights [O, K].
 ``pad_lrtb`` is (left, right, top, bottom) as in ``torq_hl`` ops (ONNX ``pads`` is

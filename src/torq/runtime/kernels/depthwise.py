@@ -8,8 +8,8 @@ buffer that stays in cache) and accumulate in float32 when every partial sum is 
   phases are built once; each tap then adds one contiguous run of a phase to the flattened
   "wide" output plane (``Wq - OW`` junk columns per row, never read), which vectorises.
 * channels-last: small planes (7x7, 14x14: rows too short to vectorise). The padded image is
-  laid out [H, W, C] once per image, and each tap adds a weight row to an output row along the
-  channels, which are many.
+  laid out [H, W, C] once per image, and each kernel row of taps adds its weight rows times
+  input rows to an output row along the channels, which are many (3 or 5 taps in one pass).
 """
 from __future__ import annotations
 
