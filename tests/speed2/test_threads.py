@@ -8,10 +8,12 @@ import threading
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import torq
 from torq import numerics, zoo
-from torq.evaluate.engines import NssEngine, OrtEngine, with_batch
+from torq.evaluate.engines import MAX_SUB_BATCH, NssEngine, OrtEngine, split_batch, with_batch
 from torq.runtime.kernels import blas
 
 
@@ -126,3 +128,13 @@ def test_run_bookkeeping_with_nested_and_interleaved_threads():
             t.join(timeout=30)
         assert inside == [1, 1] and not blas._state["active"].get(threads[0].ident)
     assert _blas_threads() == before and not blas._state["active"] and blas._state["pinned"] == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(batch=st.integers(1, 300), threads=st.integers(1, 64))
+def test_split_batch_covers_the_batch_with_little_padding(batch, threads):
+    used, sub = split_batch(batch, threads)
+    calls = -(-batch // sub)
+    assert 1 <= used <= min(batch, threads) and 1 <= sub <= max(MAX_SUB_BATCH, 1)
+    assert calls * sub >= batch and calls * sub - batch < calls      # < one image per call padded
+    assert calls >= used and (calls <= used or sub > MAX_SUB_BATCH // 2)
