@@ -7,9 +7,10 @@ fixed batch and padded), so the backends agree image for image. Workers compile 
 
 In process, one batch runs as sub-batches side by side on every core (threads,
 ``NssEngine``). ``--jobs N`` (N worker processes, one thread and one BLAS thread each) is the
-other way to use several cores: N processes run N batches side by side. The workers compile the model before the first batch is handed out (not part of
-images/s), and batches go out in rounds of N: the caller's preprocessing of the next round never
-overlaps the NSS, so "NSS seconds = wall time - preprocessing time" stays true.
+other way to use several cores: N processes run N batches side by side. The workers compile
+the model before the first batch is handed out (not part of images/s), and batches go out in
+rounds of N: the caller's preprocessing of the next round never overlaps the NSS, so "NSS
+seconds = wall time - preprocessing time" stays true.
 """
 from __future__ import annotations
 
