@@ -14,7 +14,8 @@ side by side, and (unless --no-onnx-reference) the int8 model run a second way b
 ONNX definition (no fusion: DequantizeLinear → float op → QuantizeLinear): how often two correct
 int8 executions agree is the yardstick for the NSS-vs-ORT agreement. --json writes {"<row>":
 {"images", "fp32", "int8_ort", "int8_nss", "agreement_nss_vs_ort", "agreement_ort_vs_onnx_reference",
-"images_per_s"}} (fractions in [0, 1]).
+"images_per_s", "nss_vs_ort_disagreements_by_ort_margin_lsb": {margin: images}, "ort_margin_lsb_counts"}}
+(fractions in [0, 1]; margins: ORT's int8 top-1 minus top-2 logit, in LSB, 16 = 16 or more).
 """
 from __future__ import annotations
 
@@ -47,6 +48,9 @@ def measure(name: str, entry: dict, args) -> dict:
            "agreement_nss_vs_ort": full["agreement_nss_vs_ort"],
            **{k: full[k] for k in ("agreement_ort_vs_onnx_reference", "agreement_nss_vs_onnx_reference") if k in full},
            "images_per_s": {p: full["images_per_s"][p] for p in PATHS}}
+    for k in ("nss_vs_ort_disagreements_by_ort_margin_lsb", "ort_margin_lsb_counts"):
+        if k in full:
+            row[k] = full[k]
     if name != "effnet":                  # top-5 of a 10-class problem says nothing; the table keeps top-1
         for p in PATHS:
             row[p] = {"top1": row[p]["top1"]}
@@ -64,6 +68,15 @@ def table(rows: dict) -> str:
                      + " | " + " | ".join(t5) + f" | {100 * r['agreement_nss_vs_ort']:.2f} | "
                      + _pct(r, "agreement_ort_vs_onnx_reference") + " | "
                      + " | ".join(f"{r['images_per_s'][p]:.1f}" for p in PATHS) + " |")
+    lines.append("")
+    for name, r in rows.items():
+        by = r.get("nss_vs_ort_disagreements_by_ort_margin_lsb")
+        if by:
+            worst = max(int(k) for k in by)
+            close = sum(v for k, v in r["ort_margin_lsb_counts"].items() if int(k) <= worst)
+            lines.append(f"{name}: NSS and ORT disagree on {sum(by.values())} images, all with ORT's top-2 "
+                         f"logits within {worst} LSB (" + ", ".join(f"{k} LSB: {v}" for k, v in by.items())
+                         + f"); {close} images ({100 * close / r['images']:.1f} %) are that close")
     return "\n".join(lines)
 
 

@@ -186,8 +186,13 @@ def whole_model(name: str, flags: str, folder: Path = BUILD) -> dict:
             row["detail"] = ", ".join(f"{op}×{n}" for op, n in by_op.most_common()) + f"; e.g. {unsupported[0]}"
             return row
         res = verify(compiled, seed=0)
-        row["max_lsb"] = {m: max((o.max_lsb for o in res.outputs if o.mode == m), default=0)
-                          for m in res.modes}
+        # float outputs (QOperator: DequantizeLinear at the end): |Δ| back in LSB of that scale
+        from torq.gen_config.compare import dq_output_scales
+        lsb = dq_output_scales(compiled.model)
+        in_lsb = [(o, o.max_lsb / lsb[o.name] if o.unit == "abs" and o.name in lsb else o.max_lsb)
+                  for o in res.outputs]
+        row["max_lsb"] = {m: max((v for o, v in in_lsb if o.mode == m), default=0) for m in res.modes}
+        row["max_lsb_unit"] = "abs" if any(o.unit == "abs" and o.name not in lsb for o in res.outputs) else "LSB"
         row["outcome"] = "pass" if res.ok else "FAIL"
     except TorqError as e:
         row["outcome"], row["detail"] = "error", str(e).splitlines()[0]
@@ -221,8 +226,9 @@ def print_table(rows: list[dict]) -> None:
         t.add_column(col)
     for r in rows:
         lsb = r.get("max_lsb", {})
+        unit = " (float)" if r.get("max_lsb_unit") == "abs" else ""
         cells = [r["model"], r["flags"], r["outcome"], str(r.get("lowered", "")),
-                 f"{lsb['native']:g}" if "native" in lsb else "", f"{lsb['ort']:g}" if "ort" in lsb else "",
+                 f"{lsb['native']:g}{unit}" if "native" in lsb else "", f"{lsb['ort']:g}{unit}" if "ort" in lsb else "",
                  f"{r['compile_s']:.1f}" if "compile_s" in r else ""]
         detail = r.get("detail", "")
         if layers:

@@ -43,3 +43,22 @@ def test_injected_nss_fault_is_seen():
     assert good.agreement("int8_nss", "int8_ort") == 1.0 and set(good.lsb) == {0}
     assert bad.agreement("int8_nss", "int8_ort") == 0.75
     assert sum(v for k, v in bad.lsb.items() if k != 0) == 1 and sum(bad.lsb.values()) == 40
+
+
+def test_disagreements_counted_by_ort_margin():
+    ort = np.array([[5, 5, 0], [9, 2, 1], [4, 3, 0], [0, 8, 1]], np.int8)   # margins 0, 7, 1, 7
+    nss = np.array([[5, 6, 0], [9, 2, 1], [3, 4, 0], [0, 8, 1]], np.int8)   # images 0 and 2 flip
+    assert metrics.top2_margin(ort).tolist() == [0, 7, 1, 7]
+    r = _result(4, 3)
+    r.record("int8_nss", 0, nss)
+    r.record("int8_ort", 0, ort)
+    assert r.disagreement_margins() == {0: 1, 1: 1}
+    js = r.to_json()
+    assert js["nss_vs_ort_disagreements_by_ort_margin_lsb"] == {"0": 1, "1": 1}
+    assert js["ort_margin_lsb_counts"] == {"0": 1, "1": 1, "7": 2}
+    assert "2 disagreements by INT8 (ORT)'s top-1 − top-2 logit margin: 0 LSB: 1, 1 LSB: 1 (2 images, 50.00 %" in r.markdown()
+    # float logits (not full-integer outputs): no margin in LSB
+    f = _result(2, 3)
+    f.record("int8_ort", 0, ort[:2].astype(np.float32))
+    f.record("int8_nss", 0, ort[:2].astype(np.float32))
+    assert f.disagreement_margins() is None and "nss_vs_ort_disagreements_by_ort_margin_lsb" not in f.to_json()

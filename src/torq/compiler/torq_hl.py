@@ -13,7 +13,8 @@ Semantics (NCHW, int8 activations; see runtime/nss.py and torq/numerics):
       out = ACT(acc, mult_c, shift_factor, output_zp, output_min, output_max)
   fully_connected: same with a matmul, weights [O, K]
   add:   t = (a - zp_a) * m_a + (b - zp_b) * m_b  (i64), out = round_shift(t, shift_factor) + output_zp
-  avg_pool2d: acc = sum(input - input_zp) over the window; per-count multiplier (global: one)
+  avg_pool2d: acc = sum(input - input_zp) over the window; per-count multiplier (global: one);
+         round_ties_even = 1: the ACT's NTE mode where a window's rescale is exact (real ties)
   maxpool2d: integer max over the window (padding never wins)
   table: out = table[input - (-128)]  (256 i32 entries, one per int8 input value)
   mul:   mode "int8": out = ACT((input1 - zp1)·(input2 - zp2), scale_bias[1], shift_factor)  (Mul)
@@ -56,7 +57,7 @@ OPS: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {
     "avg_pool2d": (("init", "input"), {
         "input_zp": I32, "output_zp": I32, "output_min": I32, "output_max": I32, "shift_factor": I32,
         "scale_bias": I64A, "kernel": I64A, "stride": I64A, "pad": I64A, "count_include_pad": I32,
-        "ort_input_scale": F32A, "ort_output_scale": F32A, "ort_zp_shift": I32}),
+        "round_ties_even": I32, "ort_input_scale": F32A, "ort_output_scale": F32A, "ort_zp_shift": I32}),
     "maxpool2d": (("init", "input"), {"kernel": I64A, "stride": I64A, "pad": I64A, "dilation": I64A}),
     "table": (("init", "input"), {"table": I64A}),
     "act": (("init", "input"), {"mode": STR}),

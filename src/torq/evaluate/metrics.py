@@ -32,6 +32,22 @@ def agreement(top_a: np.ndarray, top_b: np.ndarray) -> float:
     return float(np.mean(top_a[:, 0] == top_b[:, 0]))
 
 
+def top2_margin(logits: np.ndarray) -> np.ndarray:
+    """Largest minus second-largest logit per row (int8 logits: in LSB; 0 = a tie)."""
+    scores = np.sort(np.asarray(logits).reshape(len(logits), -1).astype(np.float64), axis=1)
+    return scores[:, -1] - scores[:, -2]
+
+
+def disagreement_margins(top_a: np.ndarray, top_b: np.ndarray, margin_b: np.ndarray) -> Counter:
+    """For the images whose top-1 differs between a and b: how many had each top-2 margin on b.
+
+    A path that differs from b by a few LSB of logits can only change b's top-1 where b's two
+    best classes are that close; this shows whether the disagreements are such near-ties."""
+    differ = top_a[:, 0] != top_b[:, 0]
+    values, counts = np.unique(margin_b[differ], return_counts=True)
+    return Counter({int(v): int(c) for v, c in zip(values, counts)})
+
+
 def sqnr_db(signal_power: float, noise_power: float) -> float:
     """10·log10(Σref² / Σ(ref−test)²); +inf when the test is exact."""
     if noise_power == 0:

@@ -33,6 +33,13 @@ def markdown(r) -> str:
         lines.append(f"| {label} | {_pct(acc['top1'])} | {top5}{_pct(r.agreement(p, 'fp32'))} | "
                      f"{r.images_per_s(p):.1f} |")
     lines += ["", f"INT8 (NSS) vs INT8 (ORT) top-1 agreement: {_pct(r.agreement('int8_nss', 'int8_ort'))} %.", ""]
+    margins = r.disagreement_margins()
+    if margins:
+        worst = max(margins)
+        close = int((r.ort_margin <= worst).sum())
+        lines += [f"The {sum(margins.values())} disagreements by INT8 (ORT)'s top-1 − top-2 logit margin: "
+                  + ", ".join(f"{k} LSB: {v}" for k, v in margins.items())
+                  + f" ({close} images, {_pct(close / r.images)} %, have a margin ≤ {worst} LSB).", ""]
     if "int8_onnx" in r.paths:
         lines += [f"Two correct int8 executions disagree too: INT8 (ORT, fused integer kernels) vs the ONNX reference "
                   f"{_pct(r.agreement('int8_ort', 'int8_onnx'))} %, INT8 (NSS) vs the ONNX reference "

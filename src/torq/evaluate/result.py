@@ -25,6 +25,7 @@ class EvalResult:
     seconds: dict = field(default_factory=lambda: {p: 0.0 for p in PATHS})
     sqnr: list = field(default_factory=list)
     lsb: Counter = field(default_factory=Counter)      # NSS − ORT int8 logits, in LSB
+    ort_margin: np.ndarray | None = None               # ORT int8 top-1 − top-2 logit (LSB)
     _ort_logits: dict = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -40,6 +41,7 @@ class EvalResult:
         paths = PATHS + ((ONNX_REFERENCE,) if opts.onnx_reference else ())
         r.top = {p: np.full((len(data), k), -1, np.int64) for p in paths}
         r.seconds = {p: 0.0 for p in paths}
+        r.ort_margin = np.full(len(data), -1, np.int64) if classes >= 2 else None
         return r
 
     @property
@@ -54,6 +56,8 @@ class EvalResult:
         """Store a batch's top-k; the int8 paths are also compared logit by logit (LSB)."""
         k = self.top[path].shape[1]
         self.top[path][start:start + len(logits)] = metrics.topk(logits, k)
+        if path == "int8_ort" and self.ort_margin is not None and np.asarray(logits).dtype.kind in "iu":
+            self.ort_margin[start:start + len(logits)] = metrics.top2_margin(logits)
         if path in ("int8_ort", "int8_nss"):
             other = "int8_nss" if path == "int8_ort" else "int8_ort"
             if start in self._ort_logits.get(other, {}):
@@ -86,6 +90,14 @@ class EvalResult:
     def agreement(self, a: str, b: str) -> float:
         return metrics.agreement(self.top[a], self.top[b])
 
+    def disagreement_margins(self) -> dict[int, int] | None:
+        """NSS-vs-ORT top-1 disagreements counted by ORT's top-2 logit margin (LSB), or None
+        when the outputs are not integer logits."""
+        if self.ort_margin is None or (self.ort_margin < 0).any():
+            return None
+        return dict(sorted(metrics.disagreement_margins(
+            self.top["int8_nss"], self.top["int8_ort"], self.ort_margin).items()))
+
     def images_per_s(self, path: str) -> float:
         s = self.seconds[path]
         return self.images / s if s > 0 else math.inf
@@ -100,6 +112,11 @@ class EvalResult:
         if ONNX_REFERENCE in self.top:
             out["agreement_ort_vs_onnx_reference"] = self.agreement("int8_ort", ONNX_REFERENCE)
             out["agreement_nss_vs_onnx_reference"] = self.agreement("int8_nss", ONNX_REFERENCE)
+        margins = self.disagreement_margins()
+        if margins is not None:
+            out["nss_vs_ort_disagreements_by_ort_margin_lsb"] = {str(k): v for k, v in margins.items()}
+            out["ort_margin_lsb_counts"] = {str(k): int(v) for k, v in zip(
+                *np.unique(np.minimum(self.ort_margin, 16), return_counts=True))}
         out["images_per_s"] = {p: self.images_per_s(p) for p in self.paths}
         out["sqnr_db"] = [{"tensor": s["tensor"], "sqnr_db": _finite(s["sqnr_db"])} for s in self.sqnr]
         out["lsb_diff_nss_vs_ort"] = {str(k): v for k, v in sorted(self.lsb.items())}

@@ -10,8 +10,8 @@ function here, called by all three.
 A leaf package: numpy, the standard library and numba only (no ORT, no MLIR, nothing else from
 torq). One module per concern:
 
-  native   NPU fixed point: multiplier/shift (``multiplier_and_shift``, ``conv_rescale``), ACT
-           unit (NTP) rescale, native Add / Mul / average pool
+  native   NPU fixed point: multiplier/shift (``multiplier_and_shift``, ``conv_rescale``, constant
+           channels), ACT unit (NTP) rescale, native Add / Mul / average pool
   ort      ONNX Runtime's recipes: ``dq_scale`` (the float32 product every Conv/MatMul scale
            starts from), requantisation, QLinearAdd / Mul / pools, Quantize/DequantizeLinear
   bf16     the NPU's bf16 Quantize/Dequantize fallback, step by step

@@ -24,7 +24,7 @@ __all__ = ["INT32_MIN", "INT32_MAX", "MAX_SHIFT", "SHIFT_STEP", "ZERO_SCALE_SHIF
            "multiplier_and_shift", "per_channel_multipliers", "conv_rescale",
            "conv_rescale_constant_channels", "constant_channel", "ntp_shift",
            "act_native", "act_native_parts", "add_multipliers", "add_native_mults", "mul_multiplier",
-           "mul_native", "avgpool_multiplier", "avgpool_native", "UINT8_SHIFT", "uint8_to_int8",
+           "mul_native", "avgpool_multiplier", "avgpool_native", "nte_shift", "UINT8_SHIFT", "uint8_to_int8",
            "int8_to_uint8"]
 
 INT32_MIN = -(1 << 31)
@@ -340,23 +340,62 @@ def avgpool_multiplier(xs, ys, count: int) -> tuple[int, int]:
 
 
 
-def avgpool_native(sum_minus_zp, counts, xs, ys, zy, qmin, qmax) -> np.ndarray:
+def avgpool_native(sum_minus_zp, counts, xs, ys, zy, qmin, qmax, *, ties_even: bool = False,
+                   zp_before_rounding: bool = False) -> np.ndarray:
     """Native average pool: integer window sum Σ(x - zx), then one rescale per distinct window
-    count: ``multiplier_and_shift(xs / (ys * count))`` applied with ``act_native`` (NTP).
+    count: ``multiplier_and_shift(xs / (ys * count))`` applied by the ACT unit (NTP).
 
     ``counts`` is a scalar or an array broadcastable (numpy rules) against ``sum_minus_zp``,
     e.g. [OH, OW] for an [N, C, OH, OW] sum.
+
+    ``ties_even``: where a window size's rescale is exact (``xs / (ys·count)`` is the dyadic
+    ``mult / 2**shift``, e.g. ys = xs, as ORT's quantizer emits, with a 2×2 window) a quarter of
+    the outputs are exact ties, which ORT rounds to even; the ACT unit's NTE mode (round half
+    to even) is then used for those windows. ``zp_before_rounding``: ORT's windowed pool rounds
+    ``v + zy`` (its global path rounds ``v`` and adds ``zy``): the zero point is then folded into
+    the bias (``zy·2**shift / mult``, when that is an integer; NTP otherwise) so that NTE sees
+    the same parity as ORT.
     """
     acc = np.asarray(sum_minus_zp).astype(np.int64, copy=False)
     cnt = np.asarray(counts, dtype=np.int64)
     uniq, inv = np.unique(cnt.reshape(-1), return_inverse=True)
-    ms = [avgpool_multiplier(xs, ys, int(c)) for c in uniq]
-    if len(ms) == 1 and cnt.ndim == 0:
-        return act_native(acc, ms[0][0], ms[0][1], zy, qmin, qmax)
+    params = [_avgpool_act(xs, ys, int(c), int(zy), ties_even, zp_before_rounding) for c in uniq]
+    if not any(nte for *_, nte in params):
+        mult, shift = (np.array([p[i] for p in params], dtype=np.int64) for i in (0, 1))
+        if len(params) == 1 and cnt.ndim == 0:
+            return act_native(acc, mult[0], shift[0], zy, qmin, qmax)
+        shape = (1,) * (acc.ndim - cnt.ndim) + cnt.shape
+        return act_native(acc, mult[inv].reshape(shape), shift[inv].reshape(shape), zy, qmin, qmax)
     shape = (1,) * (acc.ndim - cnt.ndim) + cnt.shape
-    mult = np.array([m for m, _ in ms], dtype=np.int64)[inv].reshape(shape)
-    shift = np.array([s for _, s in ms], dtype=np.int64)[inv].reshape(shape)
-    return act_native(acc, mult, shift, zy, qmin, qmax)
+    mult, shift, bias, zp, nte = (np.array([p[i] for p in params], dtype=np.int64)[inv].reshape(shape)
+                                  for i in range(5))
+    t = (acc + bias) * mult
+    out = np.where(nte.astype(bool), nte_shift(t.copy(), shift), ntp_shift(t, shift)) + zp
+    return np.clip(out, int(qmin), int(qmax))
+
+
+def _avgpool_act(xs, ys, count: int, zy: int, ties_even: bool, zp_before: bool):
+    """(mult, shift, bias, zero point added after rounding, 1 if NTE) for one window size."""
+    m, s = avgpool_multiplier(xs, ys, count)
+    exact = Fraction(m, 1 << s) == Fraction(float(_F32(xs))) / (Fraction(float(_F32(ys))) * count)
+    if not (ties_even and exact and m > 0):
+        return m, s, 0, zy, 0
+    if not zp_before:
+        return m, s, 0, zy, 1
+    if (zy << s) % m:
+        return m, s, 0, zy, 0
+    return m, s, (zy << s) // m, 0, 1
+
+
+def nte_shift(t: np.ndarray, shift) -> np.ndarray:
+    """Round to nearest, ties to even, divide by 2**shift (the ACT unit's NTE mode); ``t`` int64,
+    ``shift`` a scalar or an array broadcastable against it (0 = no rounding)."""
+    s = np.asarray(shift, dtype=np.int64)
+    q = t >> s
+    r = t - (q << s)
+    half = np.left_shift(np.int64(1), np.maximum(s - 1, 0))
+    up = (s > 0) & ((r > half) | ((r == half) & ((q & 1) == 1)))
+    return q + up
 
 
 UINT8_SHIFT = 128

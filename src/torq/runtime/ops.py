@@ -222,7 +222,8 @@ def _avgpool(st, rtype):
                                               a["output_max"] + k) - k
             return np.asarray(out).astype(rtype).reshape(rshape)
         s, counts = kernels.pool_sum(x, kernel, stride, pad, bool(a["count_include_pad"]), a["input_zp"])
-        out = numerics.avgpool_native(s, counts, xs, ys, a["output_zp"], a["output_min"], a["output_max"])
+        out = numerics.avgpool_native(s, counts, xs, ys, a["output_zp"], a["output_min"], a["output_max"],
+                                      ties_even=bool(a.get("round_ties_even", 0)), zp_before_rounding=not is_global)
         return np.asarray(out).astype(rtype).reshape(rshape)
 
     def causes(args, mask):

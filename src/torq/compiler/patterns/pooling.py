@@ -133,7 +133,7 @@ class QAvgPool:
         stride = L.attr_ints(pool, "strides") if "strides" in pool.attributes else [1, 1]
         attrs = dict(input_zp=xz, output_zp=int(root.q.zp), output_min=root.q.lo, output_max=root.q.hi,
                      shift_factor=shift, scale_bias=[-n * xz, mult], kernel=kernel,
-                     stride=stride, pad=pad, count_include_pad=include_pad,
+                     stride=stride, pad=pad, count_include_pad=include_pad, round_ties_even=1,
                      ort_input_scale=[xs], ort_output_scale=[ys], ort_zp_shift=ctx.ort_zp_shift)
         return emit("avg_pool2d", root, [x], attrs, pool)
 
