@@ -1,7 +1,7 @@
 """What INT8 costs, on real models and real data: one table, every row measured in this run.
 
     python benchmarks/accuracy.py [--only effnet|fmnist|digits ...] [--imagenet-dir DIR]
-                                  [--json OUT] [--limit N] [--batch B] [--jobs N]
+                                  [--json OUT] [--limit N] [--batch B] [--jobs N] [--threads T]
 
 Rows (models and data built or reused by benchmarks/models/build.py under build/bench-models):
   effnet  EfficientNet-Lite0 224, ImageNet-sample folder (labels.tsv), top-1/top-5;
@@ -39,7 +39,7 @@ def measure(name: str, entry: dict, args) -> dict:
                        calibration=entry["calibration"], num_calib=args.num_calib,
                        per_channel=not args.per_tensor, calibrate_method=args.calibrate_method,
                        equalize=args.equalize, bias_correction=args.bias_correction,
-                       jobs=args.jobs, sqnr_images=args.sqnr_images, onnx_reference=args.onnx_reference)
+                       jobs=args.jobs, threads=args.threads, sqnr_images=args.sqnr_images, onnx_reference=args.onnx_reference)
     result = evaluate(entry["model"], dataset, options=opts)
     if args.out_dir:
         result.write(Path(args.out_dir) / name)
@@ -94,6 +94,8 @@ def main() -> None:
     ap.add_argument("--limit", type=int, help="evaluate only the first N images of each dataset")
     ap.add_argument("--batch", type=int, default=16, help="images per NSS call (default 16)")
     ap.add_argument("--jobs", type=int, default=1, help="NSS worker processes (default 1)")
+    ap.add_argument("--threads", type=int, default=0,
+                    help="NSS threads in the process (default 0: every usable core)")
     ap.add_argument("--num-calib", type=int, default=100, help="calibration images (default 100)")
     ap.add_argument("--calibrate-method", default="minmax", choices=["minmax", "entropy", "percentile"])
     ap.add_argument("--equalize", action=argparse.BooleanOptionalAction, default=True,

@@ -60,6 +60,9 @@ def register(sub) -> None:
     p.add_argument("--limit", type=int, metavar="N", help="evaluate only the first N images")
     p.add_argument("--batch", type=int, default=8, metavar="B", help="images per NSS call (default 8)")
     p.add_argument("--jobs", type=int, default=1, metavar="N", help="NSS worker processes (default 1)")
+    p.add_argument("--threads", type=int, default=0, metavar="T",
+                   help="NSS threads in this process: a batch runs as sub-batches side by side, identical "
+                        "results (default 0: every usable core; --jobs/--ray workers use one each)")
     p.add_argument("--ray", nargs="?", const=True, default=None, metavar="ADDRESS",
                    help="spread NSS batches over a Ray cluster (no ADDRESS: a local Ray instance)")
     p.add_argument("--onnx-reference", action="store_true",
@@ -78,6 +81,8 @@ def run(args) -> int:
     for flag in ("batch", "jobs", "num_calib"):
         if getattr(args, flag) < 1:
             raise TorqError(f"--{flag.replace('_', '-')} {getattr(args, flag)} must be at least 1")
+    if args.threads < 0:
+        raise TorqError(f"--threads {args.threads} must be at least 0 (0 = every usable core)")
     if args.limit is not None and args.limit < 1:
         raise TorqError(f"--limit {args.limit} must be at least 1")
     if not Path(args.model).is_file():
@@ -88,7 +93,7 @@ def run(args) -> int:
                        calibrate_method=args.calibrate_method.lower(),
                        bias_correction=args.bias_correction, equalize=args.equalize,
                        sqnr_images=args.sqnr_images, onnx_reference=args.onnx_reference,
-                       jobs=args.jobs, ray=args.ray)
+                       jobs=args.jobs, threads=args.threads, ray=args.ray)
     result = evaluate(args.model, args.dataset, options=opts)
     print(result.markdown())
     for path in result.write(args.output_dir):

@@ -53,9 +53,11 @@ def nss_outputs(qmodel, opts, inputs):
         return ray_outputs(data, opts, inputs)
     if opts.jobs < 1:
         raise TorqError(f"--jobs {opts.jobs} must be at least 1")
+    if opts.threads < 0:
+        raise TorqError(f"--threads {opts.threads} must be at least 0 (0 = every core)")
     if opts.jobs > 1:
         return _pool_outputs(_start_pool(data, opts.batch, opts.jobs), opts.jobs, inputs)
-    engine = _engine(data, opts.batch)
+    engine = _engine(data, opts.batch, opts.threads or None)
     return ((start, engine(x)) for start, x in inputs)
 
 

@@ -39,6 +39,7 @@ class EvalOptions:
     onnx_reference: bool = False           # also run the int8 model as its ONNX definition (ORT, unfused)
     sqnr_images: int = 8                   # images used for the per-layer SQNR
     jobs: int = 1                          # NSS worker processes
+    threads: int = 0                       # NSS threads in this process (0 = every usable core)
     ray: str | bool | None = None          # Ray cluster address, True = a local instance
     progress: bool = True
 
