@@ -50,8 +50,10 @@ class OrtEngine:
         return self.sess.run(None, {self.input: x})[0]
 
 
-MAX_SUB_BATCH = 8    # images per simulator call: larger ones lose the caches (2 threads, batch
-                     # 32 as 2 x 16: 72 images/s, as 4 x 8: see README; batch 16 as 2 x 8: 94)
+MAX_SUB_BATCH = 8    # images per simulator call: bounds each thread's scratch memory (an early
+                     # EfficientNet layer needs ~5 MB per image) at no cost in speed (measured,
+                     # 2 threads, quiet host: batch 32 as 4 x 8 106, as 2 x 16 109 images/s;
+                     # batch 16 as 2 x 8 109, as 4 x 4 105)
 
 
 def split_batch(batch: int, threads: int) -> tuple[int, int]:
