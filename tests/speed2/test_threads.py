@@ -77,8 +77,9 @@ def test_run_many_threads_really_run_the_calls(compiled2, monkeypatch):
     outs = [o[0] for o in sim.run_many(calls, threads=2)]
     assert any(n.startswith("torq-nss") for n in seen)
     assert any(not np.array_equal(a, b) for a, b in zip(outs, clean))
-    checked = sim._pool.submit(sim.run, calls[0], "native", True).result()
-    bad = [od for od in checked[1] if od.mismatches]
+    checked = sim.run_many(calls, threads=2, explain=True)
+    assert len(checked) == len(calls) and all(len(c) == 2 for c in checked)
+    bad = [od for _, diffs in checked for od in diffs if od.mismatches]
     assert bad and not bad[0].explained and bad[0].op.startswith("torq_hl.")
     assert all(od.mismatches == 0 for od in sim.run(calls[0], "native", explain=True)[1])
 

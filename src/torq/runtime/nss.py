@@ -83,22 +83,22 @@ class Simulator:
         return (outs, diffs) if explain else outs
 
     def run_many(self, calls: list[list[np.ndarray]], rounding: str = "native",
-                 threads: int | None = None) -> list[list[np.ndarray]]:
-        """``[self.run(inputs, rounding) for inputs in calls]``, the calls side by side on
-        ``threads`` threads (default: every core this process may use).
+                 threads: int | None = None, explain: bool = False) -> list:
+        """``[self.run(inputs, rounding, explain) for inputs in calls]``, the calls side by side
+        on ``threads`` threads (default: every core this process may use).
 
         How one process uses several cores: the heavy parts of a run (BLAS GEMMs, compiled
         loops, large numpy passes) release the GIL, BLAS stays on one thread per call, and
         each call is independent, so the results are exactly the sequential ones."""
         threads = min(len(calls), threads or usable_cores())
         if threads <= 1:
-            return [self.run(inputs, rounding) for inputs in calls]
+            return [self.run(inputs, rounding, explain) for inputs in calls]
         if self._pool is None or self._pool._max_workers != threads:
             if self._pool is not None:
                 self._pool.shutdown(wait=False)
             self._pool = ThreadPoolExecutor(threads, thread_name_prefix="torq-nss")
         with single_thread_run(pinned=True):      # no BLAS switch while calls run side by side
-            futures = [self._pool.submit(self.run, inputs, rounding) for inputs in calls]
+            futures = [self._pool.submit(self.run, inputs, rounding, explain) for inputs in calls]
             return [f.result() for f in futures]
 
 
