@@ -43,6 +43,10 @@ class Simulator:
         self.kernels = [self._bind(st) for st in program.steps]
         self._pool: ThreadPoolExecutor | None = None
 
+    def __getstate__(self):
+        """Picklable / copyable: the thread pool of ``run_many`` is not carried along."""
+        return {**self.__dict__, "_pool": None}
+
     @staticmethod
     def _bind(st: Step) -> _Kernel:
         rtype = np_dtype(st.dtype)
