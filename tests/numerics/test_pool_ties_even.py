@@ -44,8 +44,9 @@ def test_dyadic_scale_pools_are_bit_exact_with_ort(xt, k, exp, seed, global_pool
     np.testing.assert_array_equal(nte, y.astype(np.int64))
     ntp = nx.avgpool_native(*args)
     n = k[0] * k[1]
-    if n % 2 == 0 and n <= 4 and not global_pool:   # many ties: NTP really differs (the test decides)
-        assert np.count_nonzero(ntp != y) > 0
+    unclipped = np.count_nonzero((y > lo) & (y < hi))   # random zero points can clip every output
+    if n % 2 == 0 and n <= 4 and not global_pool and unclipped > y.size // 2:
+        assert np.count_nonzero(ntp != y) > 0           # many ties: NTP really differs (the test decides)
 
 
 def test_zero_point_that_does_not_fold_keeps_ntp():
