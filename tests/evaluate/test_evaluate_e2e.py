@@ -97,3 +97,24 @@ def test_jobs_match_single_process(probe_model):
     for path in ("fp32", "int8_ort", "int8_nss"):
         assert np.array_equal(one.top[path], two.top[path]), path
     assert one.lsb == two.lsb
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_ort_rounding_agrees_with_ort_everywhere(probe_model, tmp_path, capsys, jobs):
+    """--rounding ort: the NSS reproduces ORT's int8 logits bit for bit (in process and in
+    --jobs workers), so agreement is 100 % and every logit differs by 0 LSB."""
+    out_dir = tmp_path / "out"
+    code, out, err = _run(capsys, "--model", str(probe_model), "--dataset", str(TEST), "--limit", "24",
+                          "--calibration-data", str(TRAIN), "--num-calib", "16", "--preprocess", "norm=unit",
+                          "--batch", "8", "--sqnr-images", "0", "--rounding", "ort", "--jobs", str(jobs),
+                          "-o", str(out_dir))
+    assert code == 0, err
+    rep = json.loads((out_dir / "evaluation.json").read_text())
+    assert rep["settings"]["rounding"] == "ort"
+    assert rep["agreement_nss_vs_ort"] == 1.0 and rep["lsb_diff_nss_vs_ort"] == {"0": 24 * 10}
+    assert rep["per_image"]["int8_nss"] == rep["per_image"]["int8_ort"]
+    assert "INT8 (NSS, ort rounding)" in out
+    with pytest.raises(SystemExit) as exit_:
+        main(["evaluate", "--model", str(probe_model), "--dataset", str(TEST), "--rounding", "exact"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "--rounding" in err and err.count("\n") == 1

@@ -63,6 +63,9 @@ def register(sub) -> None:
     p.add_argument("--threads", type=int, default=0, metavar="T",
                    help="NSS threads in this process: a batch runs as sub-batches side by side, identical "
                         "results (default 0: every usable core; --jobs/--ray workers use one each)")
+    p.add_argument("--rounding", choices=["native", "ort"], default="native",
+                   help="NSS rescale: native (the NPU's fixed-point ACT, default) or ort (ONNX Runtime's float "
+                        "requantization, bit-exact with INT8 (ORT): 100 %% agreement unless something is wrong)")
     p.add_argument("--ray", nargs="?", const=True, default=None, metavar="ADDRESS",
                    help="spread NSS batches over a Ray cluster (no ADDRESS: a local Ray instance)")
     p.add_argument("--onnx-reference", action="store_true",
@@ -93,7 +96,7 @@ def run(args) -> int:
                        calibrate_method=args.calibrate_method.lower(),
                        bias_correction=args.bias_correction, equalize=args.equalize,
                        sqnr_images=args.sqnr_images, onnx_reference=args.onnx_reference,
-                       jobs=args.jobs, threads=args.threads, ray=args.ray)
+                       jobs=args.jobs, threads=args.threads, ray=args.ray, rounding=args.rounding)
     result = evaluate(args.model, args.dataset, options=opts)
     print(result.markdown())
     for path in result.write(args.output_dir):

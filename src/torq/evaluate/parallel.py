@@ -25,21 +25,21 @@ _WORKER: dict = {}              # in a --jobs worker: its engine, or the error c
 _READY_TIMEOUT_S = 600
 
 
-def _engine(model_bytes: bytes, batch: int, threads: int | None = None):
-    """The NssEngine for (model, batch, threads), compiled on first use in this process."""
-    key = (hashlib.sha256(model_bytes).hexdigest(), batch, threads)
+def _engine(model_bytes: bytes, batch: int, threads: int | None = None, rounding: str = "native"):
+    """The NssEngine for (model, batch, threads, rounding), compiled on first use in this process."""
+    key = (hashlib.sha256(model_bytes).hexdigest(), batch, threads, rounding)
     if key not in _ENGINES:
         import onnx
 
         from .engines import NssEngine
-        _ENGINES[key] = NssEngine(onnx.load_from_string(model_bytes), batch, threads=threads)
+        _ENGINES[key] = NssEngine(onnx.load_from_string(model_bytes), batch, rounding=rounding, threads=threads)
     return _ENGINES[key]
 
 
-def run_batch(model_bytes: bytes, batch: int, start: int, x: np.ndarray):
+def run_batch(model_bytes: bytes, batch: int, start: int, x: np.ndarray, rounding: str = "native"):
     """One task (a Ray worker, one core): (start, NSS int8 logits of x). Pure: re-running it
     gives the same answer."""
-    return start, _engine(model_bytes, batch, threads=1)(x)
+    return start, _engine(model_bytes, batch, threads=1, rounding=rounding)(x)
 
 
 def nss_outputs(qmodel, opts, inputs):
@@ -56,19 +56,19 @@ def nss_outputs(qmodel, opts, inputs):
     if opts.threads < 0:
         raise TorqError(f"--threads {opts.threads} must be at least 0 (0 = every core)")
     if opts.jobs > 1:
-        return _pool_outputs(_start_pool(data, opts.batch, opts.jobs), opts.jobs, inputs)
-    engine = _engine(data, opts.batch, opts.threads or None)
+        return _pool_outputs(_start_pool(data, opts.batch, opts.jobs, opts.rounding), opts.jobs, inputs)
+    engine = _engine(data, opts.batch, opts.threads or None, opts.rounding)
     return ((start, engine(x)) for start, x in inputs)
 
 
-def _start_pool(data: bytes, batch: int, jobs: int):
+def _start_pool(data: bytes, batch: int, jobs: int, rounding: str = "native"):
     """``jobs`` spawned workers, each with the model compiled and one BLAS thread; returns once
     all of them are ready (or raises the first worker's compile error)."""
     import multiprocessing as mp
 
     ctx = mp.get_context("spawn")            # fresh interpreters: no forked BLAS/numba threads
     ready = ctx.SimpleQueue()
-    pool = ctx.Pool(jobs, initializer=_worker_init, initargs=(data, batch, ready))
+    pool = ctx.Pool(jobs, initializer=_worker_init, initargs=(data, batch, ready, rounding))
     try:
         for _ in range(jobs):
             msg = _get(ready)
@@ -91,11 +91,11 @@ def _get(ready):
     return ready.get()
 
 
-def _worker_init(data: bytes, batch: int, ready) -> None:
+def _worker_init(data: bytes, batch: int, ready, rounding: str = "native") -> None:
     from threadpoolctl import threadpool_limits
     _WORKER["blas"] = threadpool_limits(1)   # N processes on N cores: one BLAS thread each
     try:
-        _WORKER["engine"] = _engine(data, batch, threads=1)
+        _WORKER["engine"] = _engine(data, batch, threads=1, rounding=rounding)
         ready.put(None)
     except Exception as e:  # noqa: BLE001 - reported by the parent as a one-line error
         _WORKER["error"] = str(e) or type(e).__name__

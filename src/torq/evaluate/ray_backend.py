@@ -40,7 +40,7 @@ def _connect(address) -> None:
                         f"{' '.join(str(e).split())[:200]}") from None
 
 
-def _task(model_ref, batch: int, start: int, x):
+def _task(model_ref, batch: int, start: int, x, rounding: str = "native"):
     marker = os.environ.get("TORQ_RAY_DIE_ONCE")
     if marker:
         try:
@@ -51,7 +51,7 @@ def _task(model_ref, batch: int, start: int, x):
             os.close(fd)
             os._exit(1)                    # a worker dying mid-run, for the retry test
     from .parallel import run_batch
-    return run_batch(model_ref, batch, start, x)
+    return run_batch(model_ref, batch, start, x, rounding)
 
 
 def ray_outputs(model_bytes: bytes, opts, inputs):
@@ -72,7 +72,7 @@ def ray_outputs(model_bytes: bytes, opts, inputs):
                 exhausted = True
                 break
             start, x = item
-            pending[remote.remote(model_ref, opts.batch, start, x)] = start
+            pending[remote.remote(model_ref, opts.batch, start, x, opts.rounding)] = start
         if not pending:
             break
         ready, _ = ray.wait(list(pending), num_returns=1)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ..fileio import atomic_write_bytes, atomic_write_json, atomic_write_text
 
-_LABELS = {"fp32": "FP32 (ORT)", "int8_ort": "INT8 (ORT)", "int8_nss": "INT8 (NSS, native rounding)",
+_LABELS = {"fp32": "FP32 (ORT)", "int8_ort": "INT8 (ORT)", "int8_nss": "INT8 (NSS, {rounding} rounding)",
            "int8_onnx": "INT8 (ONNX reference: ORT, DQ → float op → Q)"}
 
 
@@ -28,7 +28,7 @@ def markdown(r) -> str:
              "| path | top-1 % | " + ("top-5 % | " if has_top5 else "") + "top-1 agreement with FP32 % | images/s |",
              "|---|---|" + ("---|" if has_top5 else "") + "---|---|"]
     for p in r.paths:
-        label, acc = _LABELS[p], r.accuracy(p)
+        label, acc = _LABELS[p].format(rounding=r.settings.get("rounding", "native")), r.accuracy(p)
         top5 = f"{_pct(acc['top5'])} | " if has_top5 else ""
         lines.append(f"| {label} | {_pct(acc['top1'])} | {top5}{_pct(r.agreement(p, 'fp32'))} | "
                      f"{r.images_per_s(p):.1f} |")
@@ -103,5 +103,5 @@ def _plot_lsb(r, path: Path) -> Path | None:
     ax.set_yscale("log")
     ax.set_xlabel("NSS − ORT int8 output (LSB)")
     ax.set_ylabel("logits")
-    ax.set_title(f"{Path(r.model).name}: NSS (native rounding) vs ORT")
+    ax.set_title(f"{Path(r.model).name}: NSS ({r.settings.get('rounding', 'native')} rounding) vs ORT")
     return _save(plt, fig, path)

@@ -31,7 +31,7 @@ class EvalResult:
     @classmethod
     def start(cls, model, data, opts, classes: int, calib_images: int) -> "EvalResult":
         k = min(5, classes)
-        settings = {"preprocess": opts.preprocess.describe(), "batch": opts.batch,
+        settings = {"preprocess": opts.preprocess.describe(), "batch": opts.batch, "rounding": opts.rounding,
                     "per_channel": opts.per_channel, "calibrate_method": opts.calibrate_method,
                     "bias_correction": opts.bias_correction, "equalize": opts.equalize,
                     "onnx_reference": opts.onnx_reference,

@@ -40,6 +40,7 @@ class EvalOptions:
     sqnr_images: int = 8                   # images used for the per-layer SQNR
     jobs: int = 1                          # NSS worker processes
     threads: int = 0                       # NSS threads in this process (0 = every usable core)
+    rounding: str = "native"               # NSS rescale: "native" (the NPU's ACT) or "ort" (ORT's floats)
     ray: str | bool | None = None          # Ray cluster address, True = a local instance
     progress: bool = True
 
