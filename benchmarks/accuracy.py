@@ -38,7 +38,7 @@ def measure(name: str, entry: dict, args) -> dict:
     opts = EvalOptions(preprocess=parse_preprocess(entry["preprocess"]), batch=args.batch, limit=args.limit,
                        calibration=entry["calibration"], num_calib=args.num_calib,
                        per_channel=not args.per_tensor, calibrate_method=args.calibrate_method,
-                       equalize=args.equalize, bias_correction=args.bias_correction,
+                       equalize=args.equalize, bias_correction=args.bias_correction, exact_scales=args.exact_scales,
                        jobs=args.jobs, threads=args.threads, sqnr_images=args.sqnr_images, onnx_reference=args.onnx_reference)
     result = evaluate(entry["model"], dataset, options=opts)
     if args.out_dir:
@@ -103,6 +103,8 @@ def main() -> None:
     ap.add_argument("--bias-correction", action=argparse.BooleanOptionalAction, default=True,
                     help="bias correction before quantizing (default on, as in evaluate)")
     ap.add_argument("--per-tensor", action="store_true", help="per-tensor weight scales (default per channel)")
+    ap.add_argument("--exact-scales", action=argparse.BooleanOptionalAction, default=True,
+                    help="weight scales on which ORT's float requantization is exact (default on)")
     ap.add_argument("--sqnr-images", type=int, default=4, help="images for the per-layer SQNR (default 4)")
     ap.add_argument("--no-onnx-reference", dest="onnx_reference", action="store_false",
                     help="skip the second ORT int8 execution (ONNX definition, unfused)")

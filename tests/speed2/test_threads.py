@@ -66,8 +66,8 @@ def test_run_many_threads_really_run_the_calls(compiled2, monkeypatch):
     clean = [sim.run(c)[0] for c in calls]
     orig, seen = numerics.native.act_loop, set()
 
-    def faulty(*args):
-        orig(*args)
+    def faulty(*args, **kwargs):
+        orig(*args, **kwargs)
         name = threading.current_thread().name
         seen.add(name)
         if name.startswith("torq-nss"):

@@ -19,8 +19,8 @@ def compiled():
 
 
 def _faulty(orig, kind, calls):
-    def loop(*args):
-        orig(*args)
+    def loop(*args, **kwargs):
+        orig(*args, **kwargs)
         out = args[-1]
         calls.append(1)
         if kind == "one element":

@@ -10,7 +10,8 @@ exactly, and from which native-vs-ORT differences are explained.
 Semantics (NCHW, int8 activations; see runtime/nss.py and torq/numerics):
   conv2d / depthwise_conv2d: acc = conv(pad(input, value=input_zp), weights) + bias' ;
       scale_bias = [bias'_0, mult_0, bias'_1, mult_1, ...] (i32, 2*O), weights already w - w_zp;
-      out = ACT(acc, mult_c, shift_factor, output_zp, output_min, output_max)
+      out = ACT(acc, mult_c, shift_factor, output_zp, output_min, output_max); round_ties_even = 1:
+      the ACT's NTE mode, chosen when every channel's rescale is an exact dyadic (numerics.exact_dyadic)
   fully_connected: same with a matmul, weights [O, K]
   add:   t = (a - zp_a) * m_a + (b - zp_b) * m_b  (i64), out = round_shift(t, shift_factor) + output_zp
   avg_pool2d: acc = sum(input - input_zp) over the window; per-count multiplier (global: one);
@@ -42,14 +43,14 @@ OPS: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {
     "conv2d": (("init", "weights", "scale_bias", "input"), {
         "input_zp": I32, "weight_zp": I32, "output_zp": I32, "output_min": I32, "output_max": I32,
         "shift_factor": I32, "groups": I32, "pad": I64A, "stride": I64A, "dilation": I64A,
-        "ort_dq_scale": F32A, "ort_output_scale": F32A}),
+        "round_ties_even": I32, "ort_dq_scale": F32A, "ort_output_scale": F32A}),
     "depthwise_conv2d": (("init", "weights", "scale_bias", "input"), {
         "input_zp": I32, "weight_zp": I32, "output_zp": I32, "output_min": I32, "output_max": I32,
         "shift_factor": I32, "groups": I32, "pad": I64A, "stride": I64A, "dilation": I64A,
-        "ort_dq_scale": F32A, "ort_output_scale": F32A}),
+        "round_ties_even": I32, "ort_dq_scale": F32A, "ort_output_scale": F32A}),
     "fully_connected": (("init", "weights", "scale_bias", "input"), {
         "input_zp": I32, "weight_zp": I32, "output_zp": I32, "output_min": I32, "output_max": I32,
-        "shift_factor": I32, "ort_dq_scale": F32A, "ort_output_scale": F32A}),
+        "shift_factor": I32, "round_ties_even": I32, "ort_dq_scale": F32A, "ort_output_scale": F32A}),
     "add": (("init", "input1", "input2"), {
         "input_zp": I32, "output_zp": I32, "output_min": I32, "output_max": I32, "shift_factor": I32,
         "weights": I64A, "scale_bias": I64A, "input_zps": I64A,

@@ -34,6 +34,7 @@ class EvalResult:
         settings = {"preprocess": opts.preprocess.describe(), "batch": opts.batch, "rounding": opts.rounding,
                     "per_channel": opts.per_channel, "calibrate_method": opts.calibrate_method,
                     "bias_correction": opts.bias_correction, "equalize": opts.equalize,
+                    "exact_scales": opts.exact_scales,
                     "onnx_reference": opts.onnx_reference,
                     "calibration": opts.calibration or f"split of {opts.calibration_split}",
                     "calibration_images": min(calib_images, opts.num_calib), "classes": classes}

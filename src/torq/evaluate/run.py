@@ -41,6 +41,9 @@ class EvalOptions:
     jobs: int = 1                          # NSS worker processes
     threads: int = 0                       # NSS threads in this process (0 = every usable core)
     rounding: str = "native"               # NSS rescale: "native" (the NPU's ACT) or "ort" (ORT's floats)
+    # Default: weight scales moved (<= 5 %) so that ORT's float requantization is exact; the NSS's
+    # native rounding is then bit-exact with INT8 (ORT) (README, "Accuracy").
+    exact_scales: bool = True              # quantize.exact_scales
     ray: str | bool | None = None          # Ray cluster address, True = a local instance
     progress: bool = True
 
@@ -123,6 +126,9 @@ def prepare(model_path, data: Dataset, calib: Dataset, opts: EvalOptions):
         to_quantize = correct_bias(to_quantize, reader, per_channel=opts.per_channel)
     q = quantize(to_quantize, calibration_data_reader=reader, per_channel=opts.per_channel,
                  full_integer=True, calibrate_method=opts.calibrate_method)
+    if opts.exact_scales:
+        from ..quantize.exact_scales import exact_scales
+        q = exact_scales(q, to_quantize)
     probe = OrtEngine(fp32)(opts.preprocess.batch([data.load(0)], shape, name))
     classes = int(np.prod(probe.shape[1:]))
     data.check_classes(classes)

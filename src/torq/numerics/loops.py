@@ -138,11 +138,12 @@ def flat_planes(acc: np.ndarray, out: np.ndarray):
     return acc, out
 
 
-def act_loop(acc, extra, mult, shift, zp, lo, hi, out):
+def act_loop(acc, extra, mult, shift, zp, lo, hi, out, ties_even: bool = False):
     """act_native on acc + extra[o] (exact integers, sum within int32), 4-D [pre, O, mid, last];
-    ``acc`` may be larger than ``out`` (only ``acc[:, :, :M, :L]`` is read)."""
+    ``acc`` may be larger than ``out`` (only ``acc[:, :, :M, :L]`` is read). ``ties_even``: the
+    ACT's NTE mode (round half to even) instead of NTP."""
     acc, out4 = flat_planes(acc, out)
-    _act_loop(acc, extra, mult, shift, zp, lo, hi, out4)
+    (_act_loop_nte if ties_even and shift > 0 else _act_loop)(acc, extra, mult, shift, zp, lo, hi, out4)
 
 
 def requant_ort_loop(acc, extra, scale, zp, lo, hi, out):
@@ -163,6 +164,23 @@ def _act_loop(acc, extra, mult, shift, zp, lo, hi, out):
                     t = (((np.int64(acc[p, o, i, j]) + e) * m + r) >> shift) + zp
                     out[p, o, i, j] = min(max(t, lo), hi)
 
+
+
+@jit
+def _act_loop_nte(acc, extra, mult, shift, zp, lo, hi, out):
+    half = np.int64(1) << (shift - 1)
+    low = (np.int64(1) << shift) - 1
+    P, O, M, L = out.shape
+    for p in range(P):
+        for o in range(O):
+            e, m = extra[o], mult[o]
+            for i in range(M):
+                for j in range(L):
+                    t = (np.int64(acc[p, o, i, j]) + e) * m
+                    q, r = t >> shift, t & low
+                    if r > half or (r == half and (q & 1) == 1):
+                        q += 1
+                    out[p, o, i, j] = min(max(q + zp, lo), hi)
 
 
 @jit

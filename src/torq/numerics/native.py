@@ -22,7 +22,7 @@ from .loops import act_loop, add_loop, as4d, bcast, channel_params, contiguous_r
 
 __all__ = ["INT32_MIN", "INT32_MAX", "MAX_SHIFT", "SHIFT_STEP", "ZERO_SCALE_SHIFT", "llround",
            "multiplier_and_shift", "per_channel_multipliers", "conv_rescale",
-           "conv_rescale_constant_channels", "constant_channel", "ntp_shift",
+           "conv_rescale_constant_channels", "constant_channel", "exact_dyadic", "EXACT_GRID_BITS", "ntp_shift",
            "act_native", "act_native_parts", "add_multipliers", "add_native_mults", "mul_multiplier",
            "mul_native", "avgpool_multiplier", "avgpool_native", "nte_shift", "UINT8_SHIFT", "uint8_to_int8",
            "int8_to_uint8"]
@@ -126,8 +126,28 @@ def conv_rescale(dq_scale, ys) -> tuple[np.ndarray, int]:
 
 
 def _rescale_scales(dq_scale, ys) -> np.ndarray:
+    """The real rescale per channel: ORT's float32 ``fl32(dq / ys)`` where it is an exact dyadic
+    (``exact_dyadic``: ORT's float32 products are then exact and an int32 multiplier holds the
+    same value, so the NPU computes what ORT computes), else the reference compiler's double
+    quotient of the float32 values."""
     dq = np.asarray(dq_scale, dtype=_F32).astype(_F64).reshape(-1)
-    return dq / _F64(_F32(ys))
+    quotient = dq / _F64(_F32(ys))
+    s32 = (np.asarray(dq_scale, dtype=_F32).reshape(-1) / _F32(ys)).astype(_F32)
+    return np.where(exact_dyadic(s32), s32.astype(_F64), quotient)
+
+
+EXACT_GRID_BITS = 16    # |acc·s| < 256 on a 2**-16 grid: 24 significant bits, exact in float32
+
+
+def exact_dyadic(scale) -> np.ndarray:
+    """Per element: a positive multiple of 2**-EXACT_GRID_BITS (float32 or float64 values).
+
+    For such a requant scale ORT's ``fl32(acc·s)`` is exact wherever the output is in range
+    (|acc·s| < 256 needs at most 24 significant bits), so its rounding is the exact rounding
+    (ties to even), which the ACT's NTE mode with the multiplier ``s·2**shift`` reproduces."""
+    s = np.asarray(scale, dtype=_F64)
+    scaled = np.ldexp(s, EXACT_GRID_BITS)
+    return (s > 0) & (scaled == np.floor(scaled))
 
 
 def conv_rescale_constant_channels(dq_scale, ys, bias, constant, out_zp, out_min, out_max):
@@ -220,7 +240,7 @@ def ntp_shift(t: np.ndarray, shift) -> np.ndarray:
 
 
 def act_native(acc, mult, shift, out_zp, out_min, out_max, axis: int = 1,
-               *, overflow: str = "wrap") -> np.ndarray:
+               *, overflow: str = "wrap", ties_even: bool = False) -> np.ndarray:
     """The NSS ACT unit (NTP rounding), exactly as the hardware golden formula:
 
         t = int64(int32(acc)) * mult
@@ -234,7 +254,8 @@ def act_native(acc, mult, shift, out_zp, out_min, out_max, axis: int = 1,
     int32 wrap: the hardware adds acc and bias in a 32-bit register, so an accumulator outside
     int32 wraps modulo 2**32 (``overflow="wrap"``, the default, reproduces that). Pass
     ``overflow="raise"`` to get an OverflowError instead (useful when validating a compiler).
-    Returns int64.
+    ``ties_even``: the ACT's NTE mode (round half to even), chosen by the compiler where the
+    rescale is an exact dyadic (real ties; ORT rounds them to even). Returns int64.
     """
     a = np.asarray(acc)
     if a.dtype.kind not in "iu":
@@ -249,7 +270,7 @@ def act_native(acc, mult, shift, out_zp, out_min, out_max, axis: int = 1,
         raise ValueError("multiplier does not fit int32")
     s = bcast(shift, a.ndim, axis, np.int64)
     t = np.asarray(a * m)                        # |t| < 2**62: no int64 overflow
-    t = ntp_shift(t, s)
+    t = nte_shift(t, s) if ties_even else ntp_shift(t, s)
     t += int(out_zp)
     np.clip(t, int(out_min), int(out_max), out=t)
     return t
@@ -257,7 +278,7 @@ def act_native(acc, mult, shift, out_zp, out_min, out_max, axis: int = 1,
 
 
 def act_native_parts(acc, extra, mult, shift, out_zp, out_min, out_max, *, acc_bound: int,
-                     bound: int, axis: int = 1, out_dtype=np.int64) -> np.ndarray:
+                     bound: int, axis: int = 1, out_dtype=np.int64, ties_even: bool = False) -> np.ndarray:
     """``act_native(acc + extra, mult, shift, out_zp, out_min, out_max, axis)`` cast to
     ``out_dtype``, for an exact accumulator given in two parts, in one compiled pass.
 
@@ -280,9 +301,9 @@ def act_native_parts(acc, extra, mult, shift, out_zp, out_min, out_max, *, acc_b
             int(m.max()) <= INT32_MAX and int(m.min()) >= INT32_MIN)))
     if not fast:
         full = parts_int64(a, extra, axis)
-        return np.asarray(act_native(full, mult, shift, zp, lo, hi, axis)).astype(out_dtype)
+        return np.asarray(act_native(full, mult, shift, zp, lo, hi, axis, ties_even=ties_even)).astype(out_dtype)
     out = np.empty(a.shape, dtype=out_dtype)
-    act_loop(contiguous_rows(as4d(a, axis)), e, m, int(shift), zp, lo, hi, as4d(out, axis))
+    act_loop(contiguous_rows(as4d(a, axis)), e, m, int(shift), zp, lo, hi, as4d(out, axis), ties_even=ties_even)
     return out
 
 

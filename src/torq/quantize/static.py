@@ -190,7 +190,7 @@ def quantize(model: str | os.PathLike | onnx.ModelProto, output: str | os.PathLi
              num_calib: int = 20, per_channel: bool = False, full_integer: bool = False,
              quant_format: str = "qdq", quant_dtype: str = "A8W8",
              calibrate_method: str = "minmax", wrap_lone_ops: bool = False,
-             equalize: bool = False) -> onnx.ModelProto:
+             equalize: bool = False, exact_scales: bool = False) -> onnx.ModelProto:
     """Statically quantize an fp32 ONNX model to int8 and return it (also written to ``output``).
 
     Calibration: ``calibration_data_reader`` (an ORT CalibrationDataReader, used as is), else
@@ -199,7 +199,9 @@ def quantize(model: str | os.PathLike | onnx.ModelProto, output: str | os.PathLi
     ``wrap_lone_ops``: when ORT quantizes nothing (a lone Relu, Flatten, ... layer), wrap the
     model's float I/O in Q/DQ with calibrated ranges instead of refusing (``lone_ops.py``).
     ``equalize``: fold BatchNorm/Pad into the Convs, zero dead channels, then cross-layer
-    equalization on the calibration data before quantizing (``equalize.py``)."""
+    equalization on the calibration data before quantizing (``equalize.py``).
+    ``exact_scales`` (QDQ): weight scales moved (≤ 5 %) so that ORT's float requantization is
+    exact, which makes the NPU's native rounding bit-exact with ORT (``exact_scales.py``)."""
     # Validate every flag before the (slow) model work so a typo fails fast.
     activation_type, weight_type = parse_quant_dtype(quant_dtype)
     method = parse_calibrate_method(calibrate_method)
@@ -242,6 +244,9 @@ def quantize(model: str | os.PathLike | onnx.ModelProto, output: str | os.PathLi
         raise TorqError(f"{where}: ONNX Runtime quantized nothing with --quant-format "
                         f"{parse_quant_format(quant_format)} (none of its ops has an int8 form "
                         "in that format); try --quant-format qdq")
+    if exact_scales and fmt == QuantFormat.QDQ:
+        from .exact_scales import exact_scales as move_to_exact_scales
+        q = move_to_exact_scales(q, src)
     if full_integer:
         q = convert_to_full_integer(q)
     if output is not None:

@@ -49,17 +49,19 @@ def _rescale(acc, attrs, requant, scale_bias, rounding, rtype):
     ``acc`` an int64 accumulator, or a ``kernels.AccParts`` (exact accumulator in two parts, fused
     requantisation with the same results)."""
     mult = scale_bias[1::2]
+    even = bool(attrs.get("round_ties_even", 0))
     if isinstance(acc, kernels.AccParts):
         if rounding == "native":
             return numerics.act_native_parts(
                 acc.acc, acc.extra, mult, attrs["shift_factor"], attrs["output_zp"], attrs["output_min"],
-                attrs["output_max"], acc_bound=acc.acc_bound, bound=acc.bound, axis=1, out_dtype=rtype)
+                attrs["output_max"], acc_bound=acc.acc_bound, bound=acc.bound, axis=1, out_dtype=rtype,
+                ties_even=even)
         return numerics.requant_ort_parts(
             acc.acc, acc.extra, requant, attrs["output_zp"], attrs["output_min"],
             attrs["output_max"], acc_bound=acc.acc_bound, bound=acc.bound, axis=1, out_dtype=rtype)
     if rounding == "native":
         y = numerics.act_native(acc, mult, attrs["shift_factor"], attrs["output_zp"],
-                                   attrs["output_min"], attrs["output_max"], axis=1)
+                                   attrs["output_min"], attrs["output_max"], axis=1, ties_even=even)
     else:
         y = numerics.requant_ort(acc, requant, attrs["output_zp"],
                                     attrs["output_min"], attrs["output_max"], axis=1)
