@@ -26,8 +26,8 @@ from ..numerics import EXACT_GRID_BITS, exact_dyadic
 
 _F32 = np.float32
 _SEARCH_ULPS = 4
-_GRID_POINTS = 256       # at most 256 grid steps up: +256·2**-16 on the requant scale
-_MAX_CHANGE = 0.05       # a weight scale moves at most 5 % (tiny requant scales: leave the layer)
+_GRID_POINTS = 256       # grid points tried on each side of ORT's requant scale
+_MAX_CHANGE = 0.05       # a weight scale moves at most 5 % (else the channel keeps its scale)
 
 
 def exact_weight_scale(xs, ws, ys) -> np.float32 | None:
