@@ -143,7 +143,7 @@ def act_loop(acc, extra, mult, shift, zp, lo, hi, out, ties_even: bool = False):
     ``acc`` may be larger than ``out`` (only ``acc[:, :, :M, :L]`` is read). ``ties_even``: the
     ACT's NTE mode (round half to even) instead of NTP."""
     acc, out4 = flat_planes(acc, out)
-    (_act_loop_nte if ties_even and shift > 0 else _act_loop)(acc, extra, mult, shift, zp, lo, hi, out4)
+    _act_loop(acc, extra, mult, shift, zp, lo, hi, out4, bool(ties_even) and shift > 0)
 
 
 def requant_ort_loop(acc, extra, scale, zp, lo, hi, out):
@@ -153,7 +153,9 @@ def requant_ort_loop(acc, extra, scale, zp, lo, hi, out):
 
 
 @jit
-def _act_loop(acc, extra, mult, shift, zp, lo, hi, out):
+def _act_loop(acc, extra, mult, shift, zp, lo, hi, out, even):
+    """NTP: (t + half) >> s. NTE (``even``, shift > 0): the same after t += odd(t >> s) - 1,
+    which moves exact ties of an even quotient below the half (``native.nte_shift``)."""
     r = (np.int64(1) << shift) >> 1
     P, O, M, L = out.shape
     for p in range(P):
@@ -161,26 +163,10 @@ def _act_loop(acc, extra, mult, shift, zp, lo, hi, out):
             e, m = extra[o], mult[o]
             for i in range(M):
                 for j in range(L):
-                    t = (((np.int64(acc[p, o, i, j]) + e) * m + r) >> shift) + zp
-                    out[p, o, i, j] = min(max(t, lo), hi)
-
-
-
-@jit
-def _act_loop_nte(acc, extra, mult, shift, zp, lo, hi, out):
-    half = np.int64(1) << (shift - 1)
-    low = (np.int64(1) << shift) - 1
-    P, O, M, L = out.shape
-    for p in range(P):
-        for o in range(O):
-            e, m = extra[o], mult[o]
-            for i in range(M):
-                for j in range(L):
                     t = (np.int64(acc[p, o, i, j]) + e) * m
-                    q, r = t >> shift, t & low
-                    if r > half or (r == half and (q & 1) == 1):
-                        q += 1
-                    out[p, o, i, j] = min(max(q + zp, lo), hi)
+                    if even:
+                        t += ((t >> shift) & 1) - 1
+                    out[p, o, i, j] = min(max(((t + r) >> shift) + zp, lo), hi)
 
 
 @jit

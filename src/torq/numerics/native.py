@@ -22,7 +22,8 @@ from .loops import act_loop, add_loop, as4d, bcast, channel_params, contiguous_r
 
 __all__ = ["INT32_MIN", "INT32_MAX", "MAX_SHIFT", "SHIFT_STEP", "ZERO_SCALE_SHIFT", "llround",
            "multiplier_and_shift", "per_channel_multipliers", "conv_rescale",
-           "conv_rescale_constant_channels", "constant_channel", "exact_dyadic", "EXACT_GRID_BITS", "ntp_shift",
+           "conv_rescale_constant_channels", "constant_channel", "exact_dyadic", "EXACT_GRID_BITS",
+           "rescale_ties_even", "ntp_shift",
            "act_native", "act_native_parts", "add_multipliers", "add_native_mults", "mul_multiplier",
            "mul_native", "avgpool_multiplier", "avgpool_native", "nte_shift", "UINT8_SHIFT", "uint8_to_int8",
            "int8_to_uint8"]
@@ -130,10 +131,19 @@ def _rescale_scales(dq_scale, ys) -> np.ndarray:
     (``exact_dyadic``: ORT's float32 products are then exact and an int32 multiplier holds the
     same value, so the NPU computes what ORT computes), else the reference compiler's double
     quotient of the float32 values."""
+    from .ort import ort_requant_scale          # ort imports this module: resolved at call time
     dq = np.asarray(dq_scale, dtype=_F32).astype(_F64).reshape(-1)
     quotient = dq / _F64(_F32(ys))
-    s32 = (np.asarray(dq_scale, dtype=_F32).reshape(-1) / _F32(ys)).astype(_F32)
+    s32 = ort_requant_scale(dq_scale, ys).reshape(-1)
     return np.where(exact_dyadic(s32), s32.astype(_F64), quotient)
+
+
+def rescale_ties_even(dq_scale, ys) -> bool:
+    """The ACT mode of a Conv / FC / MatMul rescale: NTE (round half to even) when a channel's
+    ORT requant scale is an exact dyadic — its rescale then has real x.5 ties, which ORT rounds
+    to even; the other channels' ~30-bit multipliers of inexact scales practically never tie."""
+    from .ort import ort_requant_scale
+    return bool(np.any(exact_dyadic(ort_requant_scale(dq_scale, ys))))
 
 
 EXACT_GRID_BITS = 16    # |acc·s| < 256 on a 2**-16 grid: 24 significant bits, exact in float32
@@ -412,11 +422,8 @@ def nte_shift(t: np.ndarray, shift) -> np.ndarray:
     """Round to nearest, ties to even, divide by 2**shift (the ACT unit's NTE mode); ``t`` int64,
     ``shift`` a scalar or an array broadcastable against it (0 = no rounding)."""
     s = np.asarray(shift, dtype=np.int64)
-    q = t >> s
-    r = t - (q << s)
-    half = np.left_shift(np.int64(1), np.maximum(s - 1, 0))
-    up = (s > 0) & ((r > half) | ((r == half) & ((q & 1) == 1)))
-    return q + up
+    t += np.where(s > 0, ((t >> s) & 1) - 1, 0)   # an exact tie of an even quotient drops below .5
+    return ntp_shift(t, shift)
 
 
 UINT8_SHIFT = 128

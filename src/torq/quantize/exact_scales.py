@@ -22,7 +22,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from ..numerics import EXACT_GRID_BITS, exact_dyadic
+from ..numerics import EXACT_GRID_BITS, dq_scale, exact_dyadic, ort_requant_scale, quantize_ort
 
 _F32 = np.float32
 _SEARCH_ULPS = 4
@@ -40,7 +40,7 @@ def exact_weight_scale(xs, ws, ys) -> np.float32 | None:
     spacing of ``p`` can step over the window). A smaller ``ws'`` may clip a channel's largest
     weight by that fraction; the re-quantization clips it to ±127."""
     xs, ws, ys = _F32(xs), _F32(ws), _F32(ys)
-    s = float(_F32(_F32(xs * ws) / ys))
+    s = float(ort_requant_scale(dq_scale(xs, ws), ys))
     if not (s > 0 and math.isfinite(s)):
         return None
     centre = math.ldexp(s, EXACT_GRID_BITS)
@@ -52,12 +52,12 @@ def exact_weight_scale(xs, ws, ys) -> np.float32 | None:
             break
         p0 = _F32(float(target) * float(ys))
         for p in (p0, np.nextafter(p0, _F32(np.inf)), np.nextafter(p0, _F32(0))):
-            if _F32(p / ys) != target:
+            if ort_requant_scale(p, ys) != target:
                 continue
             c0 = _F32(float(p) / float(xs))
             for k in range(-_SEARCH_ULPS, _SEARCH_ULPS + 1):
                 c = _F32(c0 + k * np.spacing(c0))
-                if _F32(xs * c) == p:
+                if dq_scale(xs, c) == p:
                     return c
     return None
 
@@ -122,7 +122,7 @@ def _rescale_layer(node, inits, floats, producer, consumers) -> bool:
     inits[src].CopyFrom(numpy_helper.from_array(w_new, src))
     inits[dqw.input[1]].CopyFrom(numpy_helper.from_array(new_ws, dqw.input[1]))
     if len(node.input) > 2 and node.input[2]:
-        _requantize_bias(producer.get(node.input[2]), inits, _F32(xs) * new_ws.reshape(-1))
+        _requantize_bias(producer.get(node.input[2]), inits, dq_scale(xs, new_ws.reshape(-1)))
     return True
 
 

@@ -266,13 +266,6 @@ def folded_bias(ctx: Ctx, op, bias, in_zp: int, w_adj) -> np.ndarray | Fail:
     return folded
 
 
-def ties_even(dq_scale, ys) -> int:
-    """1 when a channel's ORT requant scale is an exact dyadic (``numerics.exact_dyadic``): its
-    rescale then has real x.5 ties, which ORT rounds to even, so the ACT runs in NTE mode (the
-    other channels' rescales, with ~30-bit multipliers of inexact scales, practically never tie)."""
-    return int(bool(np.any(numerics.exact_dyadic(numerics.ort_requant_scale(dq_scale, ys)))))
-
-
 def rescale(dq_scale, ys, w_adj, bias, q):
     """``(multipliers, shift, bias, dq_scale)`` of a constant-weight conv / FC:
     ``numerics.conv_rescale_constant_channels``, told which output channels have all-zero

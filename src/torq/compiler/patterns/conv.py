@@ -21,7 +21,7 @@ import numpy as np
 from ... import numerics
 from .. import linalg_view as L
 from .. import recognise as R
-from .common import Ctx, Fail, Root, constant, emit, folded_bias, int32_or_fail, pad_constant, rescale, scalar, strip_pad, ties_even
+from .common import Ctx, Fail, Root, constant, emit, folded_bias, int32_or_fail, pad_constant, rescale, scalar, strip_pad
 
 
 @dataclass
@@ -232,7 +232,7 @@ class QConv2D:
             sb = constant(scale_bias, "i32", loc, ip)
         attrs = dict(input_zp=m.in_zp, weight_zp=0, output_zp=int(root.q.zp), output_min=root.q.lo,
                      output_max=root.q.hi, shift_factor=shift, groups=m.groups, pad=m.pad,
-                     stride=m.stride, dilation=m.dilation, round_ties_even=ties_even(m.dq_scale, ys),
+                     stride=m.stride, dilation=m.dilation, round_ties_even=int(numerics.rescale_ties_even(m.dq_scale, ys)),
                      ort_dq_scale=dq_scale, ort_output_scale=[ys])
         return emit(m.op_name, root, [weights, sb, m.x], attrs, m.conv)
 
