@@ -70,11 +70,11 @@ def assign(report: dict, layers, locations) -> dict[int, str]:
 
 def execute(c, segs, inputs: dict, opts: RunOptions, stem: str, log=None) -> tuple[dict, list]:
     """Run the segments in order; returns every tensor computed and per-segment timings."""
-    from ..graph import extract_segment
+    from ..graph import extract_chain
     tensors, timings = dict(inputs), []
-    graph_outputs = {o.name for o in c.graph.output}
-    for i, seg in enumerate(segs):
-        model = _drop_dq_outputs(extract_segment(c, seg.nodes), graph_outputs)
+    for i, (seg, model) in enumerate(zip(segs, extract_chain(c, [seg.nodes for seg in segs]))):
+        if model is None:
+            continue                                 # nothing after it reads what it computes
         try:
             runnable = segment_runnable(model, seg.executor, opts, f"{stem}.segment{i}_{seg.executor}")
             outs, ms = runnable.run({n: tensors[n] for n in _inputs(model)})
@@ -101,15 +101,6 @@ def segment_runnable(model, executor: str, opts: RunOptions, name: str | None = 
 def _inputs(model) -> list[str]:
     inits = {t.name for t in model.graph.initializer}
     return [v.name for v in model.graph.input if v.name not in inits]
-
-
-def _drop_dq_outputs(model, keep: set):
-    """A DQ computed in several segments is not a segment output (boundaries stay int8)."""
-    dq = {n.output[0] for n in model.graph.node if n.op_type == "DequantizeLinear"}
-    outs = [o for o in model.graph.output if o.name not in dq or o.name in keep]
-    del model.graph.output[:]
-    model.graph.output.extend(outs)
-    return model
 
 
 def metrics(c, ours: dict, ref: dict, tol: float) -> dict:
@@ -156,22 +147,23 @@ def ort_intermediates(c, inputs: dict) -> dict:
 def locate_divergence(c, segs, inputs, opts: RunOptions, names: dict, tol: float) -> dict | None:
     """Rerun layer by layer (each compute node with its Q/DQ, on its executor, chained on our own
     outputs) and return the first layer whose integer output is off by more than ``tol`` LSB."""
-    from ..graph import extract_segment
+    from ..graph import extract_chain
     ort = ort_intermediates(c, inputs)
-    tensors, graph_outputs = dict(inputs), {o.name for o in c.graph.output}
-    for seg in segs:
-        for group in seg.groups:
-            model = _drop_dq_outputs(extract_segment(c, group), graph_outputs)
-            outs, _ = segment_runnable(model, seg.executor, opts).run({n: tensors[n] for n in _inputs(model)})
-            tensors.update(outs)
-            for name, v in outs.items():
-                r = ort.get(name)
-                if r is None or not np.issubdtype(r.dtype, np.integer):
-                    continue
-                d = float(np.abs(v.astype(np.int64) - r.astype(np.int64)).max(initial=0))
-                if d > tol:
-                    return {"layer_id": names.get(group[0], f"node {group[0]}"), "tensor": name,
-                            "max_abs_lsb": d, "executor": seg.executor}
+    tensors = dict(inputs)
+    steps = [(seg.executor, group) for seg in segs for group in seg.groups]
+    for (executor, group), model in zip(steps, extract_chain(c, [g for _, g in steps])):
+        if model is None:
+            continue
+        outs, _ = segment_runnable(model, executor, opts).run({n: tensors[n] for n in _inputs(model)})
+        tensors.update(outs)
+        for name, v in outs.items():
+            r = ort.get(name)
+            if r is None or not np.issubdtype(r.dtype, np.integer):
+                continue
+            d = float(np.abs(v.astype(np.int64) - r.astype(np.int64)).max(initial=0))
+            if d > tol:
+                return {"layer_id": names.get(group[0], f"node {group[0]}"), "tensor": name,
+                        "max_abs_lsb": d, "executor": executor}
     return None
 
 
