@@ -82,7 +82,7 @@ def import_graph(model: onnx.ModelProto) -> onnx.ModelProto:
     Gathers as slices (graph/shapes.py). `gen_config run` partitions this same graph.
 
     A bf16 model goes through as its exact fp32 twin (the ONNX checker rejects bf16 Conv at the
-    opsets models use; see quantize/bf16.py) and is retyped bf16 at the end."""
+    opsets models use; see graph/bf16.py) and is retyped bf16 at the end."""
     if is_bf16(model):
         return convert_to_bf16(import_graph(to_fp32(model)))
     model = canonicalize(specialise_dynamic_dims(model))
