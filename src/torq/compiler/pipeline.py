@@ -18,12 +18,12 @@ from ..errors import TorqError
 from ..fileio import atomic_write_text
 from ..graph import signedness
 from ..graph.canonicalize import canonicalize
+from ..graph.io_quant import io_quant_params
 from ..graph.load import load_model
 from ..graph.shapes import fold_shape_arithmetic, slice_constant_gathers
 from ..graph.specialise import specialise_dynamic_dims
 from ..graph.validate import validate
 from ..program import Program
-from ..quantize.full_integer import io_quant_params
 from . import importer, lowering, torq_hl
 from .emit import emit_program
 
