@@ -15,7 +15,7 @@ from onnx import helper
 import torq
 from qmodels import model, run
 from torq.compiler import compile as torq_compile
-from torq.compiler/frontend/pool_ceil.py import ceil_pools_to_floor, floor_pads, ort_output_size
+from torq.compiler.frontend.pool_ceil import ceil_pools_to_floor, floor_pads, ort_output_size
 from torq.verify import verify
 
 FAST = settings(max_examples=60, deadline=None, derandomize=True, phases=[Phase.explicit, Phase.generate],
