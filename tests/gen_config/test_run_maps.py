@@ -14,7 +14,7 @@ from torq.gen_config import partition
 from torq.gen_config.mapping import QDQ
 from torq.gen_config.run import RunOptions, c_nodes, execute
 from torq.quantize import quantize
-from torq.runtime import reference
+from torq import reference
 
 from .netmodels import efficientnet_style, resnet_style
 
