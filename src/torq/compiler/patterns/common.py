@@ -206,11 +206,12 @@ def empty(result_type, loc, ip):
 
 
 def constant(array: np.ndarray, mlir_elem: str, loc, ip):
-    """arith.constant holding a numpy array with the given element type (i8/i16/i32/f32)."""
+    """arith.constant holding a numpy array with the given element type (i8/i16/i32/i64/f32)."""
     from torch_mlir import ir
     elem = {"i8": ir.IntegerType.get_signless(8), "i16": ir.IntegerType.get_signless(16),
-            "i32": ir.IntegerType.get_signless(32), "f32": ir.F32Type.get()}[mlir_elem]
-    np_dt = {"i8": np.int8, "i16": np.int16, "i32": np.int32, "f32": np.float32}[mlir_elem]
+            "i32": ir.IntegerType.get_signless(32), "i64": ir.IntegerType.get_signless(64),
+            "f32": ir.F32Type.get()}[mlir_elem]
+    np_dt = {"i8": np.int8, "i16": np.int16, "i32": np.int32, "i64": np.int64, "f32": np.float32}[mlir_elem]
     arr = np.ascontiguousarray(np.asarray(array).astype(np_dt))
     t = ir.RankedTensorType.get(list(arr.shape), elem)
     attr = ir.DenseElementsAttr.get(arr, type=t)
@@ -254,21 +255,33 @@ def int32_or_fail(ctx: Ctx, op, what: str, values) -> Fail | None:
     return ctx.fail(op, f"{what} {int(v[bad[0]])} (output channel {int(bad[0])}) exceeds int32")
 
 
-def folded_bias(ctx: Ctx, op, bias, in_zp: int, w_adj) -> np.ndarray | Fail:
-    """b' = b − in_zp·Σw′ per output channel, checked with the accumulator bound 128·Σ|w′| + |b'|."""
+def folded_bias(ctx: Ctx, op, bias, in_zp: int, w_adj) -> np.ndarray:
+    """b' = b − in_zp·Σw′ per output channel, modulo 2**32 as the int32 register holds it.
+
+    ORT accumulates ``Σ(x − in_zp)·w′ + b`` in int32 and wraps; ``Σx·w′ + b'`` wrapped the same
+    way is congruent modulo 2**32, so the ACT sees the very same int32 whatever the range. A
+    BatchNorm-folded "dust" channel (weights ~1e-8 of the layer's, int32 bias near its limit)
+    is therefore lowered exactly, not refused."""
     w2 = np.asarray(w_adj, np.int64).reshape(len(bias), -1)
     folded = np.asarray(bias, np.int64) - int(in_zp) * w2.sum(axis=1)
-    for what, v in (("folded bias (bias − in_zp·Σw′)", folded),
-                    ("accumulator bound", 128 * np.abs(w2).sum(axis=1) + np.abs(folded))):
-        fail = int32_or_fail(ctx, op, what, v)
-        if fail is not None:        # (a Fail is falsy: compare with None)
-            return fail
-    return folded
+    return folded.astype(np.int32).astype(np.int64)
 
 
 def rescale(dq_scale, ys, w_adj, bias, q):
-    """``(multipliers, shift, bias, dq_scale)`` of a constant-weight conv / FC:
-    ``numerics.conv_rescale_constant_channels``, told which output channels have all-zero
-    weights (a constant output, which must not choose the shared shift)."""
-    dead = ~np.asarray(w_adj).reshape(len(bias), -1).any(axis=1)
-    return numerics.conv_rescale_constant_channels(dq_scale, ys, bias, dead, int(q.zp), int(q.lo), int(q.hi))
+    """``(multipliers, shift, bias, dq_scale, w_adj)`` of a constant-weight conv / FC:
+    ``numerics.conv_rescale_constant_channels``, told which output channels are constant — the
+    same output for every int8 input (``numerics.constant_output`` over the accumulator's whole
+    range): all-zero weights, or BatchNorm "dust" whose per-channel scale stretched 1e-8 weights
+    to ±127. Their weights become 0 (the output does not change), so they neither set the shared
+    shift nor cost live channels multiplier bits."""
+    w2 = np.asarray(w_adj, np.int64).reshape(len(bias), -1)
+    b = np.asarray(bias, np.int64)
+    acc_lo = b + np.minimum(127 * w2, -128 * w2).sum(axis=1)
+    acc_hi = b + np.maximum(127 * w2, -128 * w2).sum(axis=1)
+    const = numerics.constant_output(dq_scale, ys, acc_lo, acc_hi, int(q.zp), int(q.lo), int(q.hi))
+    const |= ~w2.any(axis=1)
+    if const.any() and w2[const].any():
+        w_adj = np.array(w_adj, copy=True)
+        w_adj.reshape(len(bias), -1)[const] = 0
+    return (*numerics.conv_rescale_constant_channels(dq_scale, ys, bias, const, int(q.zp), int(q.lo), int(q.hi)),
+            w_adj)
