@@ -41,9 +41,11 @@ class Root:
 class Ctx:
     """Per-module lowering state: constant folder, generic cache, failure reasons."""
 
-    def __init__(self, module, ort_zp_shift: int = 0, onnx_ops: dict | None = None):
+    def __init__(self, module, ort_zp_shift: int = 0, onnx_ops: dict | None = None,
+                 onnx_names: dict | None = None):
         self.module = module
         self.onnx_ops = onnx_ops or {}    # "LINE:COL" -> ONNX op type (from the import)
+        self.onnx_names = onnx_names or {}   # "LINE:COL" -> ONNX node name
         self.folder = L.Folder()
         self.reasons: dict = {}   # id(compute op) -> (op, reason)
         self.ort_zp_shift = ort_zp_shift   # 128 when uint8 activations were shifted (compiler/frontend/signedness.py)
@@ -117,6 +119,19 @@ class Ctx:
     def onnx_op(self, op) -> str:
         """ONNX op type of the torch.operator an op was lowered from ('' if unknown)."""
         return self.onnx_ops.get(L.location_key(op), "")
+
+    def onnx_name(self, op) -> str:
+        """ONNX node name of the torch.operator an op was lowered from ('' if unknown)."""
+        return self.onnx_names.get(L.location_key(op), "")
+
+    def reason(self, op) -> str | None:
+        """The reason recorded for `op` by a rule's `fail`. Operation wrappers may hash
+        differently once other ops were rewritten or erased, so equality decides."""
+        hit = self.reasons.get(L.id_of(op))
+        if hit is None:
+            key = L.id_of(op)
+            hit = next((v for k, v in self.reasons.items() if k == key), None)
+        return hit[1] if hit else None
 
     def int_const_of_dequant(self, value):
         """value = [broadcast|collapse](DQ(const int)) -> (int array, scale, zp) or None.
