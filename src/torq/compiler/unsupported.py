@@ -34,6 +34,11 @@ class Unsupported:
     node: str = ""            # ... and name (its first output when unnamed)
     consequence: bool = False  # stays because another op is off the NSS: a Q/DQ beside it, or a
     #                            second linalg op of an ONNX node whose first one is refused
+    stated: bool = False      # a lowering rule said why (a pattern's check), not a default text
+
+    def rank(self) -> tuple:
+        """Sort key: root causes first, those a rule explained before default texts."""
+        return (self.consequence, not self.stated)
 
     @property
     def reason(self) -> str:
@@ -54,7 +59,7 @@ def summary(unsupported: list) -> str:
     """The first root cause, then how many more causes and consequences there are."""
     if not unsupported:
         return ""
-    ordered = sorted(unsupported, key=lambda u: u.consequence)
+    ordered = sorted(unsupported, key=Unsupported.rank)
     causes = sum(1 for u in ordered if not u.consequence)
     more = [f"{causes - 1} more op(s) without a pattern"] if causes > 1 else []
     if len(ordered) > causes:
@@ -74,19 +79,20 @@ def collect(ops, ctx, data_movement) -> LoweringReport:
             u = _unsupported(ctx, op)
             u.consequence |= any(c.location == u.location and not c.consequence for c in rep.unsupported)
             rep.unsupported.append(u)
-    rep.unsupported.sort(key=lambda u: u.consequence)
+    rep.unsupported.sort(key=Unsupported.rank)
     return rep
 
 
 def _unsupported(ctx, op) -> Unsupported:
-    why = (ctx.reason(op) if ctx else None) or _default_reason(op.name)
+    stated = ctx.reason(op) if ctx else None
+    why = stated or _default_reason(op.name)
     onnx_op = ctx.onnx_op(op) if ctx else ""
     if onnx_op in NO_INTEGER_FORM:
         why = NO_INTEGER_FORM[onnx_op]
     elif ctx and onnx_op in QDQ:
         why = _constant_for(ctx, op) or why
     node = ctx.onnx_name(op) if ctx else ""
-    return Unsupported(op.name, L.location_key(op), why, onnx_op, node, onnx_op in QDQ)
+    return Unsupported(op.name, L.location_key(op), why, onnx_op, node, onnx_op in QDQ, bool(stated))
 
 
 def _constant_for(ctx, op) -> str | None:
