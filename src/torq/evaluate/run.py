@@ -155,7 +155,9 @@ def evaluate(model, dataset, *, preprocess: str | Preprocess | None = None, opti
         raise TorqError(f"--batch {opts.batch} must be at least 1")
     data = dataset if isinstance(dataset, Dataset) else load_dataset(dataset)
     data, calib = split(data, opts)
-    fp32, q, name, shape, classes, reference = prepare(model, data, calib, opts)
+    from ..progress import stage
+    with stage(f"evaluate: quantizing with {len(calib)} calibration images"):
+        fp32, q, name, shape, classes, reference = prepare(model, data, calib, opts)
     qin = io_quant_params(q)["inputs"][name]
     result = EvalResult.start(model, data, opts, classes, len(calib))
     _run_ort_paths(result, data, opts, (fp32, reference), q, name, shape, qin)

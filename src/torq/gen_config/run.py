@@ -185,13 +185,16 @@ def fp32_model(opts: RunOptions):
 
 def run_full(opts: RunOptions, log=None) -> tuple[dict, Path]:
     from ..compiler.pipeline import import_graph
+    from ..progress import stage
     from .. import reference
-    layers, suffix, q = model_and_layers(opts.model, opts.quant, opts.subgraph)
+    with stage("run: cutting and quantizing the model"):
+        layers, suffix, q = model_and_layers(opts.model, opts.quant, opts.subgraph)
     path = schema.report_path(opts.output_dir, opts.model.stem, suffix)
     report = schema.load(path)
     check_fingerprint(report, opts.quant.fingerprint(opts.model), path)
-    c = import_graph(q)                          # node k <-> the full model's k-th torch.operator
-    full = X.frontend(q, debug_ir=opts.debug_ir, name=opts.model.stem)
+    with stage("run: importing the whole model"):
+        c = import_graph(q)                      # node k <-> the full model's k-th torch.operator
+        full = X.frontend(q, debug_ir=opts.debug_ir, name=opts.model.stem)
     executor_of = assign(report, layers, full.operator_locations)
     schema.save(report, path)                    # re-derived locations + compiler JSON
     segs = partition.segments(c_nodes(c), executor_of)
@@ -201,7 +204,8 @@ def run_full(opts: RunOptions, log=None) -> tuple[dict, Path]:
     t0 = time.perf_counter()
     tensors, timings = execute(c, segs, inputs, opts, opts.model.stem, log)
     wall = time.perf_counter() - t0
-    ref = reference.run(ref_model, inputs)
+    with stage("run: ONNX Runtime reference"):
+        ref = reference.run(ref_model, inputs)
     ours = {k: tensors[k] for k in ref}
     m = float_metrics(ours, ref, opts.tolerance_frac) if bf16 else metrics(c, ours, ref, opts.tolerance_lsb)
     m.update(rounding=opts.rounding, segments=timings, seed=opts.seed, run_s=round(wall, 3),
@@ -209,7 +213,8 @@ def run_full(opts: RunOptions, log=None) -> tuple[dict, Path]:
     if not m["passed"] and not bf16:
         by_loc = {op.get("mlir_location"): lid for lid, op in report["ops"].items()}
         names = {j: by_loc.get(loc, f"{op}@{loc}") for j, (op, loc) in enumerate(full.operator_locations)}
-        m["first_divergence"] = locate_divergence(c, segs, inputs, opts, names, opts.tolerance_lsb)
+        with stage("run: locating the first diverging layer"):
+            m["first_divergence"] = locate_divergence(c, segs, inputs, opts, names, opts.tolerance_lsb)
     report["full_model_metrics"] = m
     schema.save(report, path)
     return report, path
@@ -245,7 +250,7 @@ def cmd_run(args) -> int:
     opts = RunOptions(model, Path(args.output_dir), quant_settings(args), (args.subgraph_from, args.subgraph_to),
                       args.debug_ir, args.rounding, args.tolerance_lsb, args.seed, args.recompute_cache,
                       args.tolerance_frac)
-    with layer_progress("run") as bar:
+    with layer_progress("run", "segments") as bar:
         report, path = run_full(opts, bar)
     if "quantization" not in report:
         print("run: note: the report has no quantization fingerprint (reference tool JSON); flags not checked")
