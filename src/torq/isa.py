@@ -5,7 +5,7 @@ A Program step is a ``torq_hl.*`` op (schema: ``compiler/torq_hl.py``) or one of
 data-movement ops below, with the attributes listed beside it. ``STRUCTURAL`` ops become no step:
 ``arith.constant`` is a Program constant, ``tensor.empty`` an uninitialised init, ``func.return``
 the outputs. Element types are named as MLIR spells them.
-May import: numpy and the standard library only (the contract layer, beside ``program.py``).
+May import: nothing from torq; numpy and the standard library (the contract layer, beside ``program.py``).
 """
 from __future__ import annotations
 

@@ -12,6 +12,7 @@ anywhere numpy does.
 manifest (``__manifest__``) holding the rest; ``Program.load(path)`` reads it back. The manifest
 carries ``FORMAT_VERSION``; another version, or a file that is not a program, is a one-line
 TorqError naming the file.
+May import: torq.isa, torq.numerics, torq.errors, torq.fileio (never the compiler, MLIR or ONNX Runtime).
 """
 from __future__ import annotations
 

@@ -3,6 +3,7 @@
 On x86, ORT leaves QDQ convs/matmuls with int8 activations in fp32 unless
 `session.qdqisint8allowed=1` (research numerics-proto §0); with it, every quantized op runs in
 ORT's integer kernels, which our `ort` rounding mode reproduces bit for bit.
+May import: torq.errors, and ONNX Runtime.
 """
 from __future__ import annotations
 

@@ -17,6 +17,7 @@ torq). One module per concern:
   bf16     the NPU's bf16 Quantize/Dequantize fallback, step by step
   explain  why a native result differs from ORT's (tie / near-tie / other), in exact rationals
   loops    numba-compiled per-element loops and the layout plumbing they need
+May import: nothing from torq; numpy, numba and the standard library only.
 """
 from __future__ import annotations
 

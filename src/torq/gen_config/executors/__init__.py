@@ -60,7 +60,7 @@ def build(name: str, compiled, *, cache_dir=None, rounding: str = "native") -> R
 
 def frontend(model, debug_ir=None, name=None):
     """``torq.compile`` of a layer/segment (shared by all executors); failures -> import_failed."""
-    from ... import compile as torq_compile
+    from ...compiled import compile as torq_compile
     try:
         return torq_compile(model, debug_ir=debug_ir, name=name)
     except Exception as e:  # noqa: BLE001
