@@ -14,7 +14,7 @@ import numpy as np
 import onnx
 
 from .. import numerics
-from ..errors import TorqError
+from ..errors import TorqError, one_line
 from ..fileio import atomic_write_text
 from ..graph.io_quant import io_quant_params
 from ..graph.load import load_model
@@ -109,7 +109,7 @@ def compile(model, debug_ir: str | os.PathLike | None = None, name: str | None =
     try:
         module.operation.verify()      # the torq_hl dialect is IRDL-registered: attributes are checked
     except Exception as e:  # noqa: BLE001 - an invalid module is a compiler bug, say where
-        raise RuntimeError(f"lowering produced an invalid module: {str(e).splitlines()[1:2]}") from None
+        raise RuntimeError(f"lowering produced an invalid module: {one_line(e)}") from None
     stages["torq_hl"] = module.operation.get_asm    # printed on first read (weights included)
     t3 = time.perf_counter()
     ins, outs = _graph_io(model)

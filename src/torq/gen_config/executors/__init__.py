@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ...errors import one_line
+
 EXECUTOR_ORDER = ("nss", "css", "host")
 
 #: reason_code -> what it means (shown by ``view``)
@@ -45,11 +47,6 @@ class Runnable:
             raise
         except Exception as e:  # noqa: BLE001 - any run-time failure is this executor's result
             raise ExecutorError("runtime_failed", f"{self.executor} run failed: {one_line(e)}") from None
-
-
-def one_line(e: Exception) -> str:
-    text = " ".join(str(e).split())
-    return (text or type(e).__name__)[:300]
 
 
 def build(name: str, compiled, *, cache_dir=None, rounding: str = "native") -> Runnable:
