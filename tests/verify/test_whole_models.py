@@ -73,7 +73,7 @@ def _check_bit_exact(compiled, q) -> list[int]:
     sess = reference.session(q)
     native = []
     for seed in SEEDS:
-        x = reference.random_inputs(q, seed)
+        x = random_inputs(q, seed)
         ref = reference.run(q, x, sess)
         ours = compiled.run(x, rounding="ort")
         nat = compiled.run(x, rounding="native")

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import TorqError
+from ..graph.inputs import random_inputs
 from . import executors as X
 from . import mapping, partition, schema
 from .discover import model_and_layers
@@ -191,7 +192,7 @@ def run_full(opts: RunOptions, log=None) -> tuple[dict, Path]:
     executor_of = assign(report, layers, full.operator_locations)
     schema.save(report, path)                    # re-derived locations + compiler JSON
     segs = partition.segments(c_nodes(c), executor_of)
-    inputs = reference.random_inputs(q, opts.seed)
+    inputs = random_inputs(q, opts.seed)
     t0 = time.perf_counter()
     tensors, timings = execute(c, segs, inputs, opts, opts.model.stem, log)
     wall = time.perf_counter() - t0
