@@ -32,7 +32,7 @@ bench-accuracy: bench-models
 
 zoo: $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[zoo]'
-	$(BIN)/python benchmarks/zoo.py --per-layer --json build/zoo.json
+	$(BIN)/python benchmarks/torchvision_zoo.py --per-layer --json build/zoo.json
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache
