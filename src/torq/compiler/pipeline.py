@@ -78,9 +78,15 @@ def _graph_io(model):
 def import_graph(model: onnx.ModelProto) -> onnx.ModelProto:
     """The ONNX graph whose k-th non-Constant node is the k-th imported torch.operator: batch 1
     (compiler/frontend/specialise.py), contrib ops in standard form, shape arithmetic folded and constant-index
-    Gathers as slices (graph/shapes.py). `gen_config run` partitions this same graph."""
+    Gathers as slices (compiler/frontend/fold_shapes.py). `gen_config run` partitions this same graph."""
     model = canonicalize(specialise_dynamic_dims(model))
     return slice_constant_gathers(fold_shape_arithmetic(model))
+
+
+def front_end(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str], list[str], bool]:
+    """The ONNX model exactly as the importer receives it (`import_graph`, then uint8 made
+    int8), with the uint8 input / output names and whether activations were shifted."""
+    return signedness.to_int8(import_graph(model))
 
 
 def compile(model, debug_ir: str | os.PathLike | None = None, name: str | None = None) -> CompiledModel:  # noqa: A001
@@ -93,7 +99,7 @@ def compile(model, debug_ir: str | os.PathLike | None = None, name: str | None =
     where, model = (str(model) if isinstance(model, (str, os.PathLike)) else "model"), load_model(model)
     validate(model, where)             # attribute values torch-mlir would trust blindly
     original = model
-    model, u8_in, u8_out, shifted = signedness.to_int8(import_graph(model))
+    model, u8_in, u8_out, shifted = front_end(model)
     stages = importer.StageTexts()     # texts printed only when read (.ir, --emit, --debug-ir)
     imported = importer.import_onnx(model)
     t1 = time.perf_counter()
