@@ -23,6 +23,7 @@ import torq
 from torq import zoo
 from torq.verify import verify
 from torq import reference
+from torq.graph.inputs import random_inputs
 
 pytestmark = pytest.mark.slow
 
