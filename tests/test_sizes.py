@@ -33,3 +33,17 @@ def test_the_budget_sees_a_long_function(tmp_path):
     f = tmp_path / "long.py"
     f.write_text("def f():\n" + "    x = 1\n" * 70 + "\n" * 430)
     assert too_long(f) == ["long.py: 501 lines", "long.py:1 f: 71 lines"]
+
+
+def test_readme_is_a_users_document():
+    lines = (ROOT / "README.md").read_text().count("\n")
+    assert lines <= MAX_README, f"README.md has {lines} lines; move detail to docs/ or benchmarks/README.md"
+
+
+def test_doc_links_resolve():
+    """Every relative link of the README, docs/ and benchmarks/README.md points at a file."""
+    import re
+    docs = [ROOT / "README.md", ROOT / "benchmarks" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    missing = [f"{d.relative_to(ROOT)}: {t}" for d in docs
+               for t in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", d.read_text()) if not (d.parent / t).exists()]
+    assert not missing
