@@ -11,12 +11,8 @@ import numpy as np
 
 from ..fileio import atomic_write_bytes, atomic_write_text, save_model
 from . import executors as X
-<<<<<<< HEAD
 from ..graph.inputs import random_inputs
-from .compare import compare, dq_output_scales
-=======
-from .compare import BF16_ABS_TOL_FRAC, compare, dq_output_scales, random_inputs
->>>>>>> main
+from .compare import BF16_ABS_TOL_FRAC, compare, dq_output_scales
 
 SEED = 1234
 LAYER_INPUT_RANGE = 40.0   # float layer inputs uniform in [-40, 40), as the reference tool feeds them
@@ -75,7 +71,7 @@ def _prepare_bf16(p: Prepared, fp32_layer, debug_ir, name) -> Prepared:
     p.model = convert_to_bf16(fp32_layer)
     p.bf16 = True
     p.inputs = {k: numerics.to_bf16(v) if np.asarray(v).dtype == np.float32 else v
-                for k, v in random_inputs(fp32_layer, SEED).items()}
+                for k, v in random_inputs(fp32_layer, SEED, float_range=LAYER_INPUT_RANGE).items()}
     try:
         p.reference = reference.run(to_fp32(p.model), p.inputs)
     except Exception as e:  # noqa: BLE001
