@@ -6,6 +6,8 @@ announced once it has run ``STAGE_S`` seconds, then every ``HEARTBEAT_S`` second
 ends; a bar every 5 % of its items or ``HEARTBEAT_S`` seconds. ``TORQ_PROGRESS=plain|rich|off``
 overrides the choice.
 
+May import: nothing of torq (a leaf: stdlib, rich).
+
     with stage("quantize: calibration"):
         ...
     with bar("discover", "layers") as update:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import isa
 from . import linalg_view as L
 from . import recognise as R
 from .patterns import (conv, data_movement, elementwise, float_contract, float_elementwise, fully_connected, matmul,
@@ -22,11 +23,6 @@ RULES = [*conv.RULES, *fully_connected.RULES, *matmul.RULES, *elementwise.RULES,
 # Rules rooted at an integer compute op rather than a quantize (ops ORT already runs on int8).
 OP_RULES = [*pooling.OP_RULES]
 
-# Ops the NSS executes besides torq_hl.*: constants and pure data movement.
-DATA_MOVEMENT = {"arith.constant", "tensor.empty", "tensor.pad", "tensor.collapse_shape",
-                 "tensor.expand_shape", "tensor.reshape", "tensor.cast", "linalg.transpose",
-                 "tensor.extract_slice", "tensor.insert_slice", "tensor.concat", "linalg.broadcast",
-                 "linalg.fill", "func.return"}
 
 
 def func_ops(module):
@@ -176,4 +172,4 @@ def _lower_root(ctx: Ctx, op) -> None:
 
 
 def report(module, ctx: Ctx | None = None) -> LoweringReport:
-    return collect(func_ops(module), ctx, DATA_MOVEMENT)
+    return collect(func_ops(module), ctx, isa.runs_on_nss)

@@ -67,15 +67,16 @@ def summary(unsupported: list) -> str:
     return str(ordered[0]) + (f" (and {', '.join(more)})" if more else "")
 
 
-def collect(ops, ctx, data_movement) -> LoweringReport:
-    """The report of a lowered function body: torq_hl op counts, and each other op's reason."""
+def collect(ops, ctx, runs_on_nss) -> LoweringReport:
+    """The report of a lowered function body: torq_hl op counts, and the reason of each op
+    ``runs_on_nss`` (the ISA's predicate) refuses."""
     rep = LoweringReport()
     for op in ops:
         name = op.name
         if name.startswith("torq_hl."):
             key = name.split(".", 1)[1]
             rep.lowered[key] = rep.lowered.get(key, 0) + 1
-        elif name not in data_movement:
+        elif not runs_on_nss(name):
             u = _unsupported(ctx, op)
             u.consequence |= any(c.location == u.location and not c.consequence for c in rep.unsupported)
             rep.unsupported.append(u)
