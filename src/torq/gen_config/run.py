@@ -258,6 +258,10 @@ def cmd_run(args) -> int:
     m = report["full_model_metrics"]
     segs = ", ".join(f"{s['executor']} ({s['layers']} layers, {s['runtime_ms']:.1f} ms)" for s in m["segments"])
     print(f"run: {len(m['segments'])} segment(s): {segs}")
+    from .view import layer_counts
+    c = layer_counts(report)
+    print(f"run: discover's {c['layers']} layers = {c['ops']} ops of their own + {c['fused']} fused into the op "
+          f"before them (e.g. Relu into Conv) + {c['folded']} folded constants")
     if opts.quant.auto_convert_bf16:
         return _print_float(m, path)
     for name, o in m["outputs"].items():
