@@ -102,8 +102,9 @@ def _check_input_dims(model: onnx.ModelProto, where: str) -> None:
             if not 1 <= d <= MAX_DIM:
                 raise TorqError(f"{where}: graph input {quote(v.name)} has dim {d} "
                                 f"(each dim must be 1..{MAX_DIM})")
-        if math.prod(dims) > MAX_ELEMENTS:
-            raise TorqError(f"{where}: graph input {quote(v.name)} has {math.prod(dims)} elements "
+        size = math.prod(d for _, d in dims)
+        if size > MAX_ELEMENTS:
+            raise TorqError(f"{where}: graph input {quote(v.name)} has {size} elements "
                             f"(at most {MAX_ELEMENTS})")
 
 
