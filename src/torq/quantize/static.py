@@ -232,7 +232,10 @@ def quantize(model: str | os.PathLike | onnx.ModelProto, output: str | os.PathLi
             _rewind(reader)
             fmt = QuantFormat.QDQ
             q = _run_ort(tmp, reader, fmt, per_channel, activation_type, weight_type, method, where)
-    if fmt == QuantFormat.QOperator and is_quantized(q):
+    from .islands import unquantized_tensors
+    # QOperator leaves float islands between its QLinear ops; QDQ leaves the ops ORT has no
+    # QDQ rule for (x.mean(3).mean(2) ending a backbone) float: both get Q/DQ, int8 throughout.
+    if is_quantized(q) and (fmt == QuantFormat.QOperator or unquantized_tensors(q)):
         from .islands import quantize_islands
         _rewind(reader)
         q = quantize_islands(q, src, reader, method, activation_type.tensor_type)
