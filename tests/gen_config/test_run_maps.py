@@ -15,6 +15,7 @@ from torq.gen_config.mapping import QDQ
 from torq.gen_config.run import RunOptions, c_nodes, execute
 from torq.quantize import quantize
 from torq import reference
+from torq.graph.inputs import random_inputs
 
 from .netmodels import efficientnet_style, resnet_style
 
@@ -39,7 +40,7 @@ def quantized(model: str, flags: str):
 def run_map(model: str, flags: str, executor_of: dict, tmp_path) -> None:
     q, c, _ = quantized(model, flags)
     segs = partition.segments(c_nodes(c), executor_of)
-    inputs = reference.random_inputs(q, 0)
+    inputs = random_inputs(q, 0)
     tensors, timings = execute(c, segs, inputs, RunOptions(tmp_path / "m.onnx", rounding="ort"), model)
     assert [t["executor"] for t in timings] == [s.executor for s in segs]
     for name, want in reference.run(q, inputs).items():
