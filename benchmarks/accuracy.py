@@ -33,13 +33,13 @@ PATHS = ("fp32", "int8_ort", "int8_nss")
 
 
 def measure(name: str, entry: dict, args) -> dict:
-    from torq.evaluate import EvalOptions, evaluate, parse_preprocess
+    from torq.evaluate import EvalOptions, evaluate
+    from torq.quantize.recipe_flags import given, load_recipe
     dataset = args.imagenet_dir if name == "effnet" and args.imagenet_dir else entry["dataset"]
-    opts = EvalOptions(preprocess=parse_preprocess(entry["preprocess"]), batch=args.batch, limit=args.limit,
-                       calibration=entry["calibration"], num_calib=args.num_calib,
-                       per_channel=not args.per_tensor, calibrate_method=args.calibrate_method,
-                       equalize=args.equalize, bias_correction=args.bias_correction, exact_scales=args.exact_scales,
-                       jobs=args.jobs, threads=args.threads, sqnr_images=args.sqnr_images, onnx_reference=args.onnx_reference)
+    recipe = load_recipe(args.recipe).replace(preprocess=entry["preprocess"], calibration_data=entry["calibration"])
+    opts = EvalOptions(recipe=recipe.replace(**given(args)), batch=args.batch, limit=args.limit,
+                       jobs=args.jobs, threads=args.threads, sqnr_images=args.sqnr_images,
+                       onnx_reference=args.onnx_reference)
     result = evaluate(entry["model"], dataset, options=opts)
     if args.out_dir:
         result.write(Path(args.out_dir) / name)
@@ -96,15 +96,10 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=1, help="NSS worker processes (default 1)")
     ap.add_argument("--threads", type=int, default=0,
                     help="NSS threads in the process (default 0: every usable core)")
-    ap.add_argument("--num-calib", type=int, default=100, help="calibration images (default 100)")
-    ap.add_argument("--calibrate-method", default="minmax", choices=["minmax", "entropy", "percentile"])
-    ap.add_argument("--equalize", action=argparse.BooleanOptionalAction, default=True,
-                    help="cross-layer equalization before quantizing (default on, as in evaluate)")
-    ap.add_argument("--bias-correction", action=argparse.BooleanOptionalAction, default=True,
-                    help="bias correction before quantizing (default on, as in evaluate)")
-    ap.add_argument("--per-tensor", action="store_true", help="per-tensor weight scales (default per channel)")
-    ap.add_argument("--exact-scales", action=argparse.BooleanOptionalAction, default=True,
-                    help="weight scales on which ORT's float requantization is exact (default on)")
+    from torq.quantize.recipe import RECOMMENDED
+    from torq.quantize.recipe_flags import add_recipe_arguments
+    add_recipe_arguments(ap, default=RECOMMENDED, title="quantization recipe (as evaluate; each row's "
+                         "calibration data and preprocessing unless given)")
     ap.add_argument("--sqnr-images", type=int, default=4, help="images for the per-layer SQNR (default 4)")
     ap.add_argument("--no-onnx-reference", dest="onnx_reference", action="store_false",
                     help="skip the second ORT int8 execution (ONNX definition, unfused)")

@@ -109,8 +109,8 @@ def build_fmnist(out: Path) -> None:
     import torch
     from sklearn.linear_model import LogisticRegression
 
-    from torq.evaluate.datasets import load_dataset
-    from torq.evaluate.preprocess import parse_preprocess
+    from torq.data.datasets import load_dataset
+    from torq.data.preprocess import parse_preprocess
     path = out / MANIFEST["fmnist"]["model"]
     if path.exists():
         return

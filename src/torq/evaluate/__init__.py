@@ -5,8 +5,8 @@
                  calibration="photos/", batch=8)
     r.accuracy("int8_nss"), r.agreement("int8_nss", "int8_ort"); r.write("out/")
 """
-from .datasets import Dataset, load_dataset
-from .preprocess import Preprocess, parse_preprocess
+from ..data.datasets import Dataset, load_dataset
+from ..data.preprocess import Preprocess, parse_preprocess
 from .result import EvalResult
 from .run import EvalOptions, evaluate
 

@@ -23,8 +23,8 @@ def markdown(r) -> str:
     has_top5 = r.top["fp32"].shape[1] >= 5
     lines = [f"# Accuracy of `{Path(r.model).name}` on `{r.dataset}`", "",
              f"{r.images} evaluation images; calibration: {r.settings['calibration']} "
-             f"({r.settings['calibration_images']} images, {r.settings['calibrate_method']}, "
-             f"per-channel={r.settings['per_channel']}); preprocessing `{r.settings['preprocess']}`.", "",
+             f"({r.settings['calibration_images']} images); recipe {r.settings['recipe_name']} "
+             f"[{r.settings['recipe_fingerprint']}]; preprocessing `{r.settings['preprocess']}`.", "",
              "| path | top-1 % | " + ("top-5 % | " if has_top5 else "") + "top-1 agreement with FP32 % | images/s |",
              "|---|---|" + ("---|" if has_top5 else "") + "---|---|"]
     for p in r.paths:
@@ -60,6 +60,11 @@ def markdown(r) -> str:
 def write(r, folder: Path, plots: bool = True) -> list[Path]:
     written = [atomic_write_json(folder / "evaluation.json", r.to_json()),
                atomic_write_text(folder / "evaluation.md", markdown(r) + "\n")]
+    if r.int8_model is not None:        # the model measured: what `quantize --recipe` writes
+        from ..fileio import save_model
+        path = folder / f"{Path(r.model).stem}.int8.onnx"
+        save_model(r.int8_model, path)
+        written.append(path)
     if plots:
         written += [p for p in (_plot_sqnr(r, folder / "sqnr.png"), _plot_lsb(r, folder / "lsb_hist.png")) if p]
     return written
@@ -88,7 +93,7 @@ def _plot_sqnr(r, path: Path) -> Path | None:
     ax.plot(range(len(vals)), vals, marker="o", markersize=3)
     ax.set_xlabel("quantized activation (graph order)")
     ax.set_ylabel("SQNR INT8 vs FP32 (dB)")
-    ax.set_title(f"{Path(r.model).name}: per-layer SQNR ({r.settings['calibrate_method']})")
+    ax.set_title(f"{Path(r.model).name}: per-layer SQNR ({r.settings['recipe']['calibrate_method']})")
     ax.grid(alpha=0.3)
     return _save(plt, fig, path)
 

@@ -27,14 +27,16 @@ class EvalResult:
     lsb: Counter = field(default_factory=Counter)      # NSS − ORT int8 logits, in LSB
     ort_margin: np.ndarray | None = None               # ORT int8 top-1 − top-2 logit (LSB)
     _ort_logits: dict = field(default_factory=dict, repr=False)
+    int8_model: object = field(default=None, repr=False)    # the int8 ModelProto measured
 
     @classmethod
     def start(cls, model, data, opts, classes: int, calib_images: int) -> "EvalResult":
         k = min(5, classes)
+        from ..quantize.recipe import preset_name
+        recipe = opts.measured_recipe
         settings = {"preprocess": opts.preprocess.describe(), "batch": opts.batch, "rounding": opts.rounding,
-                    "per_channel": opts.per_channel, "calibrate_method": opts.calibrate_method,
-                    "bias_correction": opts.bias_correction, "equalize": opts.equalize,
-                    "exact_scales": opts.exact_scales,
+                    "recipe": recipe.to_dict(), "recipe_fingerprint": recipe.fingerprint(),
+                    "recipe_name": preset_name(recipe) or "custom",
                     "onnx_reference": opts.onnx_reference,
                     "calibration": opts.calibration or f"split of {opts.calibration_split}",
                     "calibration_images": min(calib_images, opts.num_calib), "classes": classes}

@@ -1,0 +1,8 @@
+"""Images and labels on disk -> model inputs: datasets named by a SPEC and declared preprocessing.
+
+Below both ``quantize`` (calibration from an image folder) and ``evaluate`` (labelled data);
+imports only ``torq.errors``, numpy and Pillow."""
+from .datasets import Dataset, load_dataset
+from .preprocess import Preprocess, parse_preprocess
+
+__all__ = ["Dataset", "Preprocess", "load_dataset", "parse_preprocess"]
