@@ -32,7 +32,7 @@ def _reference_style(model: Path, fmt: str, sample: int) -> tuple[float, int]:
     from torq.gen_config.options import QuantSettings
     from torq.quantize import Recipe
     from torq.graph import extract_layers
-    from torq.runtime import iree
+    from torq.gen_config.executors import iree
     layers = extract_layers(model)
     quant = QuantSettings(quantize=True, recipe=Recipe(full_integer=True, format=fmt))
     picks = layers[:: max(1, len(layers) // sample)][:sample]

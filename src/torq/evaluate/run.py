@@ -129,7 +129,7 @@ def batches(data: Dataset, opts: EvalOptions, name: str, shape):
 def evaluate(model, dataset, *, preprocess: str | Preprocess | None = None, options: EvalOptions | None = None,
              **overrides) -> EvalResult:
     """Evaluate ``model`` (fp32 ONNX path) on ``dataset`` (SPEC or Dataset); see EvalOptions."""
-    from ..quantize import io_quant_params
+    from ..graph.io_quant import io_quant_params
     opts = (options or EvalOptions()).with_changes(**overrides)
     if preprocess is not None:
         opts = opts.with_changes(preprocess=preprocess)
