@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 import textwrap
 from pathlib import Path
 
@@ -50,6 +51,10 @@ def register(sub) -> None:
     from ..quantize.recipe import RECOMMENDED
     from ..quantize.recipe_flags import add_recipe_arguments
     add_recipe_arguments(p, default=RECOMMENDED)
+    p.add_argument("--half", choices=["all", "tune", "report"], default="all",
+                   help="evaluate a seeded half of the images: choose settings on 'tune', quote numbers from "
+                        "'report' (default all)")
+    p.add_argument("--split-seed", type=int, default=0, metavar="S", help="seed of the tune/report halves (default 0)")
     p.add_argument("--limit", type=int, metavar="N", help="evaluate only the first N images")
     p.add_argument("--batch", type=int, default=8, metavar="B", help="images per NSS call (default 8)")
     p.add_argument("--jobs", type=int, default=1, metavar="N", help="NSS worker processes (default 1)")
@@ -85,10 +90,13 @@ def run(args) -> int:
         raise TorqError(f"--model {args.model}: no such file")
     recipe = recipe_from_args(args)
     opts = EvalOptions(recipe=recipe, batch=args.batch, limit=args.limit, calibration_split=args.calibration_split,
+                       half=args.half, split_seed=args.split_seed,
                        sqnr_images=args.sqnr_images, onnx_reference=args.onnx_reference,
                        jobs=args.jobs, threads=args.threads, ray=args.ray, rounding=args.rounding)
     result = evaluate(args.model, args.dataset, options=opts)
     print(result.markdown())
     for path in result.write(args.output_dir):
         print(f"wrote {path}")
-    return 0
+    for w in result.warnings():     # an error without a declared norm (raw pixels), else a warning
+        print(f"torq-gen-config evaluate: {'error' if result.refused() else 'WARNING'}: {w}", file=sys.stderr)
+    return 1 if result.refused() else 0

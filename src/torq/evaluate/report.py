@@ -24,14 +24,23 @@ def markdown(r) -> str:
     lines = [f"# Accuracy of `{Path(r.model).name}` on `{r.dataset}`", "",
              f"{r.images} evaluation images; calibration: {r.settings['calibration']} "
              f"({r.settings['calibration_images']} images); recipe {r.settings['recipe_name']} "
-             f"[{r.settings['recipe_fingerprint']}]; preprocessing `{r.settings['preprocess']}`.", "",
-             "| path | top-1 % | " + ("top-5 % | " if has_top5 else "") + "top-1 agreement with FP32 % | images/s |",
-             "|---|---|" + ("---|" if has_top5 else "") + "---|---|"]
+             f"[{r.settings['recipe_fingerprint']}]; preprocessing `{r.settings['preprocess']}`"
+             + (f"; images: the {r.settings['half']} half (seed {r.settings['split_seed']})"
+                if r.settings.get("half", "all") != "all" else "") + ".", "",
+             *[f"**WARNING: {w}**" for w in r.warnings()],
+             "| path | top-1 % (95 % interval) | Δ top-1 vs FP32, points (95 % interval) | "
+             + ("top-5 % | " if has_top5 else "") + "top-1 agreement with FP32 % | images/s |",
+             "|---|---|---|" + ("---|" if has_top5 else "") + "---|---|"]
+    iv = r.intervals()
     for p in r.paths:
         label, acc = _LABELS[p].format(rounding=r.settings.get("rounding", "native")), r.accuracy(p)
         top5 = f"{_pct(acc['top5'])} | " if has_top5 else ""
-        lines.append(f"| {label} | {_pct(acc['top1'])} | {top5}{_pct(r.agreement(p, 'fp32'))} | "
-                     f"{r.images_per_s(p):.1f} |")
+        lo, hi = iv["top1_ci95"][p]
+        d = iv["top1_diff_vs_fp32"].get(p)
+        delta = f"{100 * d['diff']:+.2f} ({100 * d['ci95'][0]:+.2f} … {100 * d['ci95'][1]:+.2f}): {d['verdict']}" \
+            if d else "-"
+        lines.append(f"| {label} | {_pct(acc['top1'])} ({_pct(lo)} … {_pct(hi)}) | {delta} | {top5}"
+                     f"{_pct(r.agreement(p, 'fp32'))} | {r.images_per_s(p):.1f} |")
     lines += ["", f"INT8 (NSS) vs INT8 (ORT) top-1 agreement: {_pct(r.agreement('int8_nss', 'int8_ort'))} %.", ""]
     margins = r.disagreement_margins()
     if margins:

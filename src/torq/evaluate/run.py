@@ -32,6 +32,8 @@ class EvalOptions:
     batch: int = 8                         # images per NSS call (the model is compiled for it)
     limit: int | None = None               # evaluate only the first N evaluation images
     calibration_split: int = 0             # or: take N images out of the evaluation dataset
+    half: str = "all"                      # all | tune | report: the seeded halves (protocol.py)
+    split_seed: int = 0                    # seed of the tune/report halves
     onnx_reference: bool = False           # also run the int8 model as its ONNX definition (ORT, unfused)
     sqnr_images: int = 8                   # images used for the per-layer SQNR
     jobs: int = 1                          # NSS worker processes
@@ -92,6 +94,9 @@ def split(data: Dataset, opts: EvalOptions) -> tuple[Dataset, Dataset]:
     else:
         raise TorqError("evaluate needs real calibration images: --calibration-data SPEC or "
                         "--calibration-split N")
+    if opts.half != "all":
+        from .protocol import halves
+        evaluation = evaluation.subset(halves(len(evaluation), opts.split_seed)[opts.half])
     if opts.limit:
         evaluation = evaluation.subset(np.arange(min(opts.limit, len(evaluation))))
     return evaluation, calib
@@ -135,6 +140,9 @@ def evaluate(model, dataset, *, preprocess: str | Preprocess | None = None, opti
         opts = opts.with_changes(preprocess=preprocess)
     if opts.batch < 1:
         raise TorqError(f"--batch {opts.batch} must be at least 1")
+    from .protocol import HALVES
+    if opts.half not in HALVES:
+        raise TorqError(f"--half {opts.half}: choose one of {', '.join(HALVES)}")
     data = dataset if isinstance(dataset, Dataset) else load_dataset(dataset)
     data, calib = split(data, opts)
     fp32, q, name, shape, classes, reference = prepare(model, data, calib, opts)

@@ -7,9 +7,11 @@ take. ORT's level-1 optimizer folds constants and fuses Pad/BatchNorm into the f
 the result computes the same function (to fp32 rounding), so accuracy is unchanged and every
 Conv quantizes with its padding in place. The input's batch dim stays as declared.
 
-Two side effects of ORT's loader are undone: it inlines function ops without a CPU kernel
-(``HardSwish`` becomes ``HardSigmoid`` → ``Mul``: the NPU has one table op for it, so the
-original op is put back) and it declares every domain it knows (only the used ones are kept).
+Three side effects of ORT's optimizer are undone: its constant sharing makes equal initializers
+one (two zero biases, two Clip bounds), so each reader gets its own copy again (the quantizer
+gives every Conv its own bias scale); it inlines function ops without a CPU kernel (``HardSwish``
+becomes ``HardSigmoid`` → ``Mul``: the NPU has one table op for it, so the original op is put
+back); and it declares every domain it knows (only the used ones are kept).
 """
 from __future__ import annotations
 
@@ -38,6 +40,7 @@ def fold_fp32(model: onnx.ModelProto) -> onnx.ModelProto:
         folded = onnx.load(str(out))
     del folded.graph.value_info[:]       # re-inferred by the quantizer's pre-processing
     _restore_hardswish(model, folded)
+    _unshare_initializers(folded)
     used = {n.domain for n in folded.graph.node} | {o.domain for o in model.opset_import}
     keep = [o for o in folded.opset_import if o.domain in used]
     del folded.opset_import[:]
@@ -68,3 +71,28 @@ def _restore_hardswish(original: onnx.ModelProto, folded: onnx.ModelProto) -> No
     kept = [n for n in g.node if n.output[0] not in drop]
     del g.node[:]
     g.node.extend(kept)
+
+
+def _unshare_initializers(m: onnx.ModelProto) -> None:
+    """Every initializer read by several node inputs -> one copy per extra reader (``<name>_<k>``)."""
+    g = m.graph
+    inits = {t.name: t for t in g.initializer}
+    taken = set(inits) | {o for n in g.node for o in n.output} | {v.name for v in g.input}
+    seen: dict[str, int] = {}
+    for n in g.node:
+        for k, name in enumerate(n.input):
+            if name not in inits:
+                continue
+            seen[name] = seen.get(name, 0) + 1
+            if seen[name] == 1:
+                continue
+            new, i = f"{name}_{seen[name]}", seen[name]
+            while new in taken:
+                i += 1
+                new = f"{name}_{i}"
+            taken.add(new)
+            t = onnx.TensorProto()
+            t.CopyFrom(inits[name])
+            t.name = new
+            g.initializer.append(t)
+            n.input[k] = new
