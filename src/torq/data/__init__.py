@@ -1,7 +1,8 @@
 """Images and labels on disk -> model inputs: datasets named by a SPEC and declared preprocessing.
 
-Below both ``quantize`` (calibration from an image folder) and ``evaluate`` (labelled data);
-imports only ``torq.errors``, numpy and Pillow."""
+Below both ``quantize`` (calibration from an image folder) and ``evaluate`` (labelled data).
+
+May import: torq.errors (and numpy, Pillow)."""
 from .datasets import Dataset, load_dataset
 from .preprocess import Preprocess, parse_preprocess
 
