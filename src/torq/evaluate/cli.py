@@ -93,7 +93,11 @@ def run(args) -> int:
                        half=args.half, split_seed=args.split_seed,
                        sqnr_images=args.sqnr_images, onnx_reference=args.onnx_reference,
                        jobs=args.jobs, threads=args.threads, ray=args.ray, rounding=args.rounding)
-    result = evaluate(args.model, args.dataset, options=opts)
+    if recipe.precision == (("*", "bf16"),):
+        from .bf16_run import evaluate_bf16
+        result = evaluate_bf16(args.model, args.dataset, opts)
+    else:
+        result = evaluate(args.model, args.dataset, options=opts)
     print(result.markdown())
     for path in result.write(args.output_dir):
         print(f"wrote {path}")

@@ -20,10 +20,13 @@ class QuantSettings:
     (an fp32 model), the whole recipe under ``--quantize``."""
     quantize: bool = False
     recipe: Recipe = field(default_factory=Recipe)
+    auto_convert_bf16: bool = False          # the NPU's float datapath instead of int8
 
     def fingerprint(self, model_path: Path) -> dict:
         """Recipe + sha256 of the model (and of the calibration data): what a map is valid for."""
         fp = {"quantize": self.quantize, "recipe_fingerprint": self.recipe.fingerprint(), **self.recipe.to_dict()}
+        if self.auto_convert_bf16:
+            fp["auto_convert_bf16"] = True
         fp["model_sha256"] = file_sha256(model_path)
         if self.recipe.calibration_data:
             fp["calibration_data"] = Path(self.recipe.calibration_data).name
@@ -61,6 +64,9 @@ def add_common_args(p, debug_ir_default=None) -> None:
                    help="write the IR of every stage of every compiled layer/segment to DIR (default 'tmp')")
     p.add_argument("--rounding", default="native", choices=("native", "ort"),
                    help="NSS rounding: native (the NPU's) or ort (ONNX Runtime's, bit-exact)")
+    p.add_argument("--auto-convert-bf16", action="store_true",
+                   help="convert the fp32 model (and each layer) to bf16, the NPU's float datapath, as the "
+                        "reference tool does; every layer is compared with ONNX Runtime fp32")
     p.add_argument("--quantize", action="store_true",
                    help="statically quantize the model (and each layer) to int8 with the recipe below")
     add_recipe_arguments(p, default=DEFAULT, title="quantization recipe (discover and run must use the same; "
@@ -73,7 +79,11 @@ def quant_settings(args) -> QuantSettings:
     if flags and not args.quantize:
         raise TorqError(f"{flags[0]}: quantization flags need --quantize (without it only the fp32 front end applies: "
                         "--fold, --dead-channels)")
-    return QuantSettings(args.quantize, recipe)
+    bf16 = getattr(args, "auto_convert_bf16", False)
+    if bf16 and args.quantize:
+        raise TorqError("--auto-convert-bf16 and --quantize are mutually exclusive: "
+                        "the model runs on the NPU in bf16 or in int8")
+    return QuantSettings(args.quantize, recipe, bf16)
 
 
 def parse_executors(value: str | None, flag: str) -> list[str]:

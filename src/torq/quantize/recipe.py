@@ -57,7 +57,8 @@ class Recipe:
     nodes_to_exclude: tuple = ()        # these nodes stay float
     op_types_to_quantize: tuple = ()    # only these op types (empty = all)
     op_types_to_exclude: tuple = ()     # these op types stay float
-    precision: tuple = ()               # ((node name, int8 | int16 | bf16), ...): per-layer activation precision
+    precision: tuple = ()               # ((node name, int8 | int16 | bf16), ...): per-layer activation precision;
+                                        # node "*" = the whole model
 
     def __post_init__(self):
         if self.calibration_data is not None and not isinstance(self.calibration_data, str):
@@ -305,7 +306,7 @@ def _ort_selection(recipe: Recipe, model: onnx.ModelProto) -> dict:
                                ("--nodes-to-exclude", recipe.nodes_to_exclude, nodes),
                                ("--op-types-to-quantize", recipe.op_types_to_quantize, ops),
                                ("--op-types-to-exclude", recipe.op_types_to_exclude, ops),
-                               ("--precision", [n for n, _ in recipe.precision], nodes)):
+                               ("--precision", [n for n, _ in recipe.precision if n != "*"], nodes)):
         missing = [n for n in names if n not in known]
         if missing:
             raise TorqError(f"{flag}: no node {'type ' if 'op-types' in flag else ''}'{missing[0]}' in the "
@@ -325,6 +326,9 @@ def _precision_overrides(recipe: Recipe, model: onnx.ModelProto) -> dict:
 
     int16 / bf16 layers are the a16 / bf16 work (issues 19, 18): until they land, refused."""
     other = [(n, p) for n, p in recipe.precision if p != "int8"]
+    if other and other[0][0] == "*":
+        raise TorqError(f"--precision {other[0][1]}: a whole {other[0][1]} model is not an int8 quantization "
+                        "(bf16: discover/run --auto-convert-bf16, evaluate --precision bf16)")
     if other:
         raise TorqError(f"--precision {other[0][0]}={other[0][1]}: per-layer {other[0][1]} is not "
                         "implemented yet (only int8)")

@@ -57,8 +57,9 @@ FLAGS: dict[str, tuple[tuple[str, ...], dict]] = {
     "op_types_to_quantize": (("--op-types-to-quantize",), dict(metavar="LIST", help=(
         "comma list of op types: quantize only these (e.g. Conv,Gemm)"))),
     "op_types_to_exclude": (("--op-types-to-exclude",), dict(metavar="LIST", help="comma list of op types left float")),
-    "precision": (("--precision",), dict(metavar="NODE=P,...", help=(
-        "per-layer activation precision: int8 (default), int16, bf16"))),
+    "precision": (("--precision",), dict(metavar="P|NODE=P,...", help=(
+        "activation precision, int8 (default), int16 or bf16: one for the whole model (evaluate "
+        "--precision bf16: FP32 vs BF16 on the NSS, no calibration) or per layer, NODE=P,..."))),
 }
 _LISTS = ("nodes_to_quantize", "nodes_to_exclude", "op_types_to_quantize", "op_types_to_exclude")
 
@@ -125,7 +126,11 @@ def load_recipe(name: str) -> Recipe:
 
 
 def parse_precision(text: str) -> tuple:
-    """``NODE=int16,NODE2=bf16`` -> ((NODE, int16), (NODE2, bf16)); one-line error otherwise."""
+    """``NODE=int16,NODE2=bf16`` -> ((NODE, int16), (NODE2, bf16)); a bare ``bf16`` / ``int16`` is
+    the whole model (node ``*``), ``int8`` the default (no entry); one-line error otherwise."""
+    bare = text.strip().lower()
+    if bare in ("int8", "int16", "bf16"):
+        return () if bare == "int8" else (("*", bare),)
     out = []
     for part in filter(None, (p.strip() for p in text.split(","))):
         node, sep, prec = part.rpartition("=")
