@@ -2,7 +2,7 @@
 
 Below both ``quantize`` (calibration from an image folder) and ``evaluate`` (labelled data).
 
-May import: torq.errors (and numpy, Pillow)."""
+May import: torq.errors."""
 from .datasets import Dataset, load_dataset
 from .preprocess import Preprocess, parse_preprocess
 

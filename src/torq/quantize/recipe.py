@@ -177,7 +177,7 @@ class Quantized:
 
 def load_fp32(model, where: str | None = None) -> tuple[onnx.ModelProto, str]:
     """(fp32 model with unshared weights, name for messages); refuses a quantized model."""
-    from ..graph.fold import fold_constant_identities
+    from ..graph.unshare_weights import fold_constant_identities
     from ..graph.load import is_quantized, load_model
     from ..graph.validate import validate
     where = where or (str(model) if not isinstance(model, onnx.ModelProto) else "model")
