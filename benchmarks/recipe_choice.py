@@ -35,8 +35,19 @@ def recipe_of(name: str, entry: dict):
     return r.replace(calibrate_method=method) if method else r
 
 
-def outcomes(entry: dict, candidates, limit) -> dict:
-    """{"labels", "fp32": per-image 0/1, candidate: per-image 0/1} on every evaluation image."""
+def outcomes(entry: dict, candidates, limit, cache: Path | None = None) -> dict:
+    """{"labels", "fp32": per-image 0/1, candidate: per-image 0/1} on every evaluation image.
+    With ``cache``: each model × candidate is saved there as it finishes and reused (resumable)."""
+    if cache is not None:
+        cache.mkdir(parents=True, exist_ok=True)
+        done = {f.stem: np.load(f) for f in cache.glob("*.npy")}
+        if {"labels", "fp32", *candidates} <= set(done):
+            return {k: done[k] for k in ("labels", "fp32", *candidates)}
+        todo = [c for c in candidates if c not in done]
+        out = outcomes(entry, todo, limit)
+        for k, v in out.items():
+            np.save(cache / f"{k}.npy", v)
+        return {**{k: done[k] for k in ("labels", "fp32", *candidates) if k in done}, **out}
     from torq.data import load_dataset
     from torq.evaluate.engines import OrtEngine, quantize_input
     from torq.evaluate.run import EvalOptions, batches, prepare, split
@@ -118,6 +129,7 @@ def main() -> None:
     ap.add_argument("--limit", type=int)
     ap.add_argument("--split-seed", type=int, default=0)
     ap.add_argument("--json", metavar="OUT")
+    ap.add_argument("--cache", metavar="DIR", help="keep per-image outcomes here (a rerun resumes)")
     args = ap.parse_args()
     import onnxruntime as ort
     ort.set_default_logger_severity(3)
@@ -128,7 +140,8 @@ def main() -> None:
     rows = {}
     for name, entry in build(only=args.only or list(ROWS)).items():
         print(f"{name}:", file=sys.stderr)
-        rows[name] = outcomes(entry, candidates, args.limit)
+        rows[name] = outcomes(entry, candidates, args.limit,
+                              Path(args.cache) / name if args.cache else None)
     half = {k: halves(len(r["labels"]), args.split_seed) for k, r in rows.items()}
     res = report(rows, candidates, choose(rows, candidates, half), half)
     print(markdown(res, candidates))
