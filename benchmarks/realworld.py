@@ -117,7 +117,8 @@ def run_row(name: str, entry: dict, flags: str, out: Path, eval_limit: int, time
             row.errors.append(f"compile: {type(e).__name__}: {str(e)[:160]}")
         else:
             if report is not None:
-                row.disagree = verdicts_differ(report, refused)
+                from torq.gen_config.agreement import disagreements
+                row.disagree = disagreements(report, refused)
     rc, text = go([*CLI, "run", "--model", model, "--output-dir", work, "--quantize", *quant])
     row.run = "PASS" if rc == 0 and "run: PASS" in text else f"FAIL ({_last_line(text)})"
     if entry.get("dataset") and eval_limit > 0:
@@ -144,25 +145,12 @@ def whole_model_refusals(row: Row, q: Path) -> set[str]:
     sys.path.insert(0, str(ROOT / "src"))
     from torq.compiler import compile as compile_model
     from torq.compiler.unsupported import NO_INTEGER_FORM
+    from torq.gen_config.agreement import whole_model_refusals as refusals
     report = compile_model(q).report
-    causes = [u for u in report.unsupported if not u.consequence]
+    causes = refusals(report)
     row.lowered, row.unsupported = sum(report.lowered.values()), len(causes)
-    row.limits = sorted(f"{u.onnx_op} {u.node}" for u in causes if u.onnx_op in NO_INTEGER_FORM)
-    return {u.location for u in causes}
-
-
-def verdicts_differ(report: dict, refused: set) -> list[str]:
-    """Layers where discover's verdict is not the whole model's: put off the NSS by discover
-    but lowered by the whole-model compile (``refused``: LINE:COL), or the reverse (``-id`` / ``+id``)."""
-    off, whole = set(), set()
-    for lid, op in report["ops"].items():
-        if str(op.get("skipped", "")).startswith("constant") or op.get("duplicate_of"):
-            continue
-        if op.get("recommended_executor") != "nss":
-            off.add(lid)
-        if op.get("mlir_location") in refused:
-            whole.add(lid)
-    return sorted(f"-{lid}" for lid in off - whole) + sorted(f"+{lid}" for lid in whole - off)
+    row.limits = sorted(f"{u.onnx_op} {u.node}" for u in causes.values() if u.onnx_op in NO_INTEGER_FORM)
+    return set(causes)
 
 
 def _discovered(row: Row, work: Path, stem: str, text: str) -> dict | None:
