@@ -6,6 +6,7 @@ image through the three paths → top-k, agreement, per-layer SQNR, LSB histogra
 """
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -148,6 +149,7 @@ def evaluate(model, dataset, *, preprocess: str | Preprocess | None = None, opti
     from ..progress import stage
     with stage(f"evaluate: quantizing with {len(calib)} calibration images"):
         fp32, q, name, shape, classes, reference = prepare(model, data, calib, opts)
+    opts = _fixed_batch(fp32, name, opts)
     qin = io_quant_params(q)["inputs"][name]
     result = EvalResult.start(model, data, opts, classes, len(calib))
     result.int8_model = q
@@ -155,6 +157,20 @@ def evaluate(model, dataset, *, preprocess: str | Preprocess | None = None, opti
     _run_nss_path(result, data, opts, q, name, shape, qin)
     result.finish()
     return result
+
+
+def _fixed_batch(fp32, name: str, opts: EvalOptions) -> EvalOptions:
+    """A model exported with a fixed batch of 1 is evaluated one image per call (a note says
+    so); another fixed batch would have to be the batch everywhere: refused, naming the input."""
+    dim = next(v for v in fp32.graph.input if v.name == name).type.tensor_type.shape.dim[0]
+    if not dim.HasField("dim_value") or dim.dim_value <= 0 or dim.dim_value == opts.batch:
+        return opts
+    if dim.dim_value != 1:
+        raise TorqError(f"input {name!r} has a fixed batch of {dim.dim_value}: pass --batch {dim.dim_value}, "
+                        "or export the model with a dynamic batch")
+    print(f"evaluate: input {name!r} has a fixed batch of 1: one image per call (not --batch {opts.batch})",
+          file=sys.stderr)
+    return opts.with_changes(batch=1)
 
 
 def _run_ort_paths(result, data, opts, fp32_models, q, name, shape, qin) -> None:
