@@ -48,9 +48,8 @@ def register(sub) -> None:
     p.add_argument("--calibration-split", type=int, default=0, metavar="N",
                    help="hold N random images of --dataset apart for calibration (not evaluated); "
                         "instead of --calibration-data")
-    from ..quantize.recipe import RECOMMENDED
     from ..quantize.recipe_flags import add_recipe_arguments
-    add_recipe_arguments(p, default=RECOMMENDED)
+    add_recipe_arguments(p)
     p.add_argument("--half", choices=["all", "tune", "report"], default="all",
                    help="evaluate a seeded half of the images: choose settings on 'tune', quote numbers from "
                         "'report' (default all)")

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import TorqError
-from ..quantize.recipe import DEFAULT, Recipe
+from ..quantize.recipe import RECOMMENDED, Recipe
 from ..quantize.recipe_flags import add_recipe_arguments, quantizer_flags_given, recipe_from_args
 from .executors import EXECUTOR_ORDER
 
@@ -69,13 +69,13 @@ def add_common_args(p, debug_ir_default=None) -> None:
                         "reference tool does; every layer is compared with ONNX Runtime fp32")
     p.add_argument("--quantize", action="store_true",
                    help="statically quantize the model (and each layer) to int8 with the recipe below")
-    add_recipe_arguments(p, default=DEFAULT, title="quantization recipe (discover and run must use the same; "
+    add_recipe_arguments(p, title="quantization recipe (discover and run must use the same; "
                          "the fp32 front end applies with or without --quantize)")
 
 
 def quant_settings(args) -> QuantSettings:
     recipe = recipe_from_args(args)
-    flags = quantizer_flags_given(args) + (["--recipe"] if args.recipe != DEFAULT else [])
+    flags = quantizer_flags_given(args) + (["--recipe"] if args.recipe != RECOMMENDED else [])
     if flags and not args.quantize:
         raise TorqError(f"{flags[0]}: quantization flags need --quantize (without it only the fp32 front end applies: "
                         "--fold, --dead-channels)")

@@ -14,7 +14,6 @@ def _fmt(text: str) -> str:
 
 def register(sub) -> None:
     """Add the ``quantize`` subparser to a ``torq-gen-config`` subparsers object."""
-    from .recipe import DEFAULT
     from .recipe_flags import add_recipe_arguments
     q = sub.add_parser(
         "quantize", help="static int8 quantization of an fp32 ONNX model",
@@ -41,7 +40,7 @@ def register(sub) -> None:
     q.add_argument("--model", "-m", required=True, metavar="MODEL.onnx", help="fp32 ONNX model to quantize")
     q.add_argument("--output", "-o", metavar="OUT.onnx",
                    help="where to write the quantized model (default: <model stem>.int8.onnx next to the model)")
-    add_recipe_arguments(q, default=DEFAULT)
+    add_recipe_arguments(q)
     q.set_defaults(func=_cmd_quantize)
 
 
@@ -62,10 +61,8 @@ def _cmd_quantize(args) -> int:
     out = Path(args.output) if args.output else default_output(model)
     if model.exists() and out.exists() and out.resolve() == model.resolve():
         raise TorqError(f"--output {out} would overwrite the input model; choose another path")
-    fp32 = load_model(model)  # validate before the spinner; also the "before" of the summary
-    from rich.console import Console
-    with Console(stderr=True).status(f"Calibrating and quantizing {model.name} ..."):
-        q = apply(recipe, model).model
+    fp32 = load_model(model)  # validated before the slow steps; also the "before" of the summary
+    q = apply(recipe, model).model        # stage lines (fold, CLE, calibration, ...) on stderr
     save_model(q, out)
     calib = f"{recipe.calibration_data} (first {recipe.num_calib})" if recipe.calibration_data \
         else f"synthetic x{recipe.num_calib}"

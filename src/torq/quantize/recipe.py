@@ -147,10 +147,12 @@ PRESETS: dict[str, Recipe] = {
     "cle": Recipe(per_channel=True, full_integer=True, num_calib=100, exact_scales=True,
                   equalize="bounded", bias_correction=True),
 }
-#: The recipe ``evaluate`` and ``benchmarks/accuracy.py`` measure by default, chosen on the tuning half.
+#: The default of every command (quantize, discover, run, evaluate, the benchmarks) and the
+#: ``recommended`` alias: chosen on the tuning half of the evaluation images by
+#: benchmarks/recipe_choice.py, reported on the other half (docs/recipes.md). ``Recipe()`` itself
+#: is ORT's quantize_static defaults behind the front end: the base presets change, and the
+#: defaults of the Python ``quantize()`` (which keeps ORT's keyword vocabulary).
 RECOMMENDED = "cle"
-#: The default of ``quantize`` / ``discover`` / ``run`` (synthetic calibration unless data is given).
-DEFAULT = "ort"
 
 
 def preset(name: str) -> Recipe:
@@ -191,12 +193,15 @@ def load_fp32(model, where: str | None = None) -> tuple[onnx.ModelProto, str]:
 
 def front_end(recipe: Recipe, model: onnx.ModelProto) -> onnx.ModelProto:
     """The calibration-free fp32 clean-ups (fold, dead channels); the same function as ``model``."""
+    from ..progress import stage
     if recipe.fold:
         from .fold import fold_fp32
-        model = fold_fp32(model)
+        with stage("quantize: fold (constants, shapes, Pad/BatchNorm into Conv)"):
+            model = fold_fp32(model)
     if recipe.dead_channels:
         from .dead_channels import zero_dead_channels
-        model = zero_dead_channels(model)[0]
+        with stage("quantize: dead channels"):
+            model = zero_dead_channels(model)[0]
     return model
 
 
@@ -205,15 +210,18 @@ def prepare(recipe: Recipe, model: onnx.ModelProto, reader=None) -> onnx.ModelPr
     model = front_end(recipe, model)
     if recipe.equalize == "off" and not recipe.bias_correction:
         return model
+    from ..progress import stage
     from .calibration import make_reader, rewind
     reader = reader if reader is not None else make_reader(model, recipe)
     if recipe.equalize != "off":
         from .equalize import equalize
-        model = equalize(model, reader, relu6=recipe.equalize).model
+        with stage("quantize: cross-layer equalization"):
+            model = equalize(model, reader, relu6=recipe.equalize).model
         rewind(reader)
     if recipe.bias_correction:
         from .bias_correction import correct_bias
-        model = correct_bias(model, reader, per_channel=recipe.per_channel)
+        with stage("quantize: bias correction"):
+            model = correct_bias(model, reader, per_channel=recipe.per_channel)
         rewind(reader)
     return model
 
@@ -236,16 +244,20 @@ def apply(recipe: Recipe, model, reader=None, *, where: str | None = None,
 def quantize_prepared(recipe: Recipe, prepared: onnx.ModelProto, reader, *, where: str = "model",
                       wrap_lone_ops: bool = False) -> onnx.ModelProto:
     """ORT static quantization of an already prepared fp32 graph, then exact scales / full integer."""
+    from ..progress import stage
     from .calibration import rewind
     from .static import run_quantizer
-    q, fmt = run_quantizer(prepared, reader, recipe, _ort_selection(recipe, prepared), where)
+    selection = _ort_selection(recipe, prepared)
+    with stage(f"quantize: calibration + ONNX Runtime ({recipe.calibrate_method}, {recipe.format})"):
+        q, fmt = run_quantizer(prepared, reader, recipe, selection, where)
     from .islands import unquantized_tensors
     # QOperator leaves float islands between its QLinear ops; QDQ leaves the ops ORT has no
     # QDQ rule for (x.mean(3).mean(2) ending a backbone) float: both get Q/DQ, int8 throughout.
     if _quantized(q) and (fmt == "qoperator" or unquantized_tensors(q)):
         from .islands import quantize_islands
         rewind(reader)
-        q = quantize_islands(q, prepared, reader, _method(recipe), _activation_type(recipe).tensor_type)
+        with stage("quantize: Q/DQ islands"):
+            q = quantize_islands(q, prepared, reader, _method(recipe), _activation_type(recipe).tensor_type)
     if not _quantized(q) and wrap_lone_ops:
         from .lone_ops import wrap_in_qdq
         rewind(reader)
@@ -255,7 +267,8 @@ def quantize_prepared(recipe: Recipe, prepared: onnx.ModelProto, reader, *, wher
                         "(none of its ops has an int8 form in that format); try --quant-format qdq")
     if recipe.exact_scales and fmt == "qdq":
         from .exact_scales import exact_scales
-        q = exact_scales(q, prepared)
+        with stage("quantize: exact scales"):
+            q = exact_scales(q, prepared)
     if recipe.full_integer:
         from .full_integer import convert_to_full_integer
         q = convert_to_full_integer(q)

@@ -1,6 +1,6 @@
 """The one argparse group for a ``Recipe``: ``quantize``, ``discover``, ``run``, ``evaluate`` and the
-benchmarks add it with ``add_recipe_arguments(parser, default=...)`` and read it back with
-``recipe_from_args(args)``. ``--recipe NAME`` picks a preset (or a JSON file); every other flag
+benchmarks add it with ``add_recipe_arguments(parser)`` and read it back with ``recipe_from_args(args)``.
+``--recipe NAME`` picks a preset (or a JSON file; default: ``recipe.RECOMMENDED`` on every command); every other flag
 changes one field of it and is ``None`` unless given, so a preset plus flags is always explicit.
 """
 from __future__ import annotations
@@ -68,13 +68,14 @@ def _dest(name: str) -> str:
     return f"recipe_{name}"
 
 
-def add_recipe_arguments(parser: argparse.ArgumentParser, default: str = "ort", title: str | None = None):
+def add_recipe_arguments(parser: argparse.ArgumentParser, title: str | None = None):
     """Add ``--recipe`` and one flag per Recipe field to ``parser`` (as one argument group)."""
     g = parser.add_argument_group(title or "quantization recipe (the same flags on quantize, discover, run, evaluate)")
     names = ", ".join([*PRESETS, "recommended"])
-    g.add_argument("--recipe", default=default, metavar="NAME|FILE.json", help=(
-        f"start from a named recipe ({names}; recommended = {RECOMMENDED}) or a recipe JSON file; the "
-        f"flags below change single fields (default: {default}; docs/quantization.md says what each costs)"))
+    g.add_argument("--recipe", default=RECOMMENDED, metavar="NAME|FILE.json", help=(
+        f"start from a named recipe ({names}) or a recipe JSON file; the flags below change single "
+        f"fields (default: recommended = {RECOMMENDED}, the same on every command; docs/recipes.md "
+        "says what each costs and gains)"))
     for name, (flags, kw) in FLAGS.items():
         g.add_argument(*flags, dest=_dest(name), default=None, **kw)
     g.add_argument("--per-tensor", dest=_dest("per_channel"), action="store_false",
@@ -105,7 +106,7 @@ def given(args) -> dict:
 
 def recipe_from_args(args) -> Recipe:
     """``--recipe`` with every explicitly given flag applied; bad values are one-line errors."""
-    base = load_recipe(getattr(args, "recipe", None) or "ort")
+    base = load_recipe(getattr(args, "recipe", None) or RECOMMENDED)
     return base.replace(**given(args))
 
 
