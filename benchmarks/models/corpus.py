@@ -11,12 +11,13 @@ package (installed with ``pip --no-deps``; CPU torch exports them, nothing here 
   mtcnn_onet.onnx            facenet-pytorch's MTCNN ONet (PReLU, ceil-mode MaxPool, three heads:
                              face logits, box, landmarks; the softmax is the application's)
   ppocr_cls.onnx             rapidocr-onnxruntime's PP-OCR text-direction classifier as shipped
-                             (Paddle export: opset 11, weights as Constant nodes, HardSigmoid),
-                             its -1 input dims pinned to the 1x3x48x192 the OCR pipeline feeds
+                             (Paddle export: opset 11, weights as Constant nodes, HardSigmoid,
+                             -1 input dims): its entry passes ``--input-shape x=1,3,48,192``, the
+                             size the OCR pipeline feeds
 
 Each entry of the returned manifest: the ONNX path, a labelled ``dataset`` for ``evaluate``
-(None when there is none) with its ``preprocess`` spec, and ``calibration`` images (or None:
-synthetic calibration).
+(None when there is none) with its ``preprocess`` spec, ``calibration`` images (or None:
+synthetic calibration) and ``args``, flags every command of the model needs.
 """
 from __future__ import annotations
 
@@ -108,25 +109,17 @@ def build_onet(path: Path) -> None:
 
 
 def build_ppocr_cls(path: Path) -> None:
-    """The shipped ONNX, its dynamic (-1) input dims pinned: batch N, 3x48x192."""
-    import onnx
-    m = onnx.load(str(_package_dir("rapidocr_onnxruntime") / "models" / "ch_ppocr_mobile_v2.0_cls_infer.onnx"))
-    dims = m.graph.input[0].type.tensor_type.shape.dim
-    for d, value in zip(dims, ("N", 3, 48, 192)):
-        d.Clear()
-        if isinstance(value, str):
-            d.dim_param = value
-        else:
-            d.dim_value = value
+    """The shipped ONNX, as shipped (-1 dims and all)."""
+    import shutil
     tmp = path.with_suffix(".tmp.onnx")
-    onnx.save(m, str(tmp))
+    shutil.copyfile(_package_dir("rapidocr_onnxruntime") / "models" / "ch_ppocr_mobile_v2.0_cls_infer.onnx", tmp)
     tmp.replace(path)
 
 
-EXTRA = {
-    "mobilenetv2": ("mobilenetv2_deepsort.onnx", build_mobilenetv2, "resize=256,crop=224,norm=imagenet"),
-    "onet": ("mtcnn_onet.onnx", build_onet, "resize=48,crop=48,mean=127.5,std=128"),
-    "ppocr_cls": ("ppocr_cls.onnx", build_ppocr_cls, None),
+EXTRA = {   # name -> (file, builder, preprocess spec of its calibration photos, flags every command needs)
+    "mobilenetv2": ("mobilenetv2_deepsort.onnx", build_mobilenetv2, "resize=256,crop=224,norm=imagenet", []),
+    "onet": ("mtcnn_onet.onnx", build_onet, "resize=48,crop=48,mean=127.5,std=128", []),
+    "ppocr_cls": ("ppocr_cls_shipped.onnx", build_ppocr_cls, None, ["--input-shape", "x=1,3,48,192"]),
 }
 
 
@@ -145,7 +138,7 @@ def corpus(out: Path = DEFAULT_OUT, only=None) -> dict:
             continue
         if name not in EXTRA:
             raise SystemExit(f"unknown corpus model {name!r}; choose from {', '.join(FROM_BUILD + tuple(EXTRA))}")
-        file, builder, preprocess = EXTRA[name]
+        file, builder, preprocess, args = EXTRA[name]
         path = out / file
         if not path.exists():
             builder(path)
@@ -153,7 +146,7 @@ def corpus(out: Path = DEFAULT_OUT, only=None) -> dict:
         if not photos.exists():
             build._calibration_photos(photos)
         manifest[name] = {"model": str(path), "dataset": None, "preprocess": preprocess,
-                          "calibration": str(photos) if preprocess else None}
+                          "calibration": str(photos) if preprocess else None, "args": args}
     return manifest
 
 

@@ -1,5 +1,5 @@
 """torq-compile: quantized ONNX -> torch-mlir -> linalg -> torq_hl -> Program, and proof against ONNX Runtime.
-May import: torq.compiled, torq.compiler, torq.verify, torq.cli_util, torq.errors, torq.fileio.
+May import: torq.compiled, torq.compiler, torq.graph, torq.verify, torq.cli_util, torq.errors, torq.fileio.
 """
 from __future__ import annotations
 
@@ -48,6 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="rounding mode(s) to verify: native (the NPU), ort (ONNX Runtime's float "
                         "requant) or both (default)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random verification inputs (default 0)")
+    p.add_argument("--input-shape", action="append", metavar="NAME=D0,D1,...",
+                   help="sizes of input dims the model left open (Paddle's -1, a symbolic H/W; an open batch "
+                        "is 1), e.g. --input-shape x=1,3,48,192; repeat for several inputs")
     return p
 
 
@@ -63,7 +66,13 @@ def _compile(args) -> int:
     if args.emit == "program" and not args.output:
         raise TorqError("--emit program writes a binary file: give it with -o/--output (e.g. -o model.torq)")
     model_path = Path(args.model)
-    compiled = compile_model(model_path, debug_ir=args.debug_ir)
+    model = model_path
+    if args.input_shape:
+        from .graph.input_shape import parse_input_shape, set_input_shapes
+        from .graph.load import load_model
+        shapes = [parse_input_shape(t) for t in args.input_shape]
+        model = set_input_shapes(load_model(model_path), shapes, str(model_path))
+    compiled = compile_model(model, debug_ir=args.debug_ir, name=model_path.stem)
     if not compiled.report.lowered:
         raise TorqError(f"{model_path}: nothing was lowered to torq_hl; is the model quantized? "
                         f"(run `torq-gen-config quantize --model {model_path}` first)")

@@ -169,7 +169,7 @@ def _conv_relu_conv(rng, batch, bias):
 
 @pytest.mark.parametrize("fmt", ["qdq", "qoperator"])
 def test_dynamic_batch_is_compiled_for_batch_one(fmt):
-    """A model quantized with a dynamic batch ('N') compiles for batch 1 (compiler/frontend/specialise.py);
+    """A model quantized with a dynamic batch ('N') compiles for batch 1 (graph/input_shape.py);
     it failed with 'negative dimensions are not allowed'."""
     import torq
     m = _conv_relu_conv(np.random.default_rng(0), "N", 0.1)

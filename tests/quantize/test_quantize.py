@@ -140,9 +140,12 @@ def test_synthetic_reader_is_deterministic_and_resets(cnn):
     assert quantize(cnn).SerializeToString() == quantize(cnn).SerializeToString()
 
 
-def test_synthetic_reader_dynamic_dims_become_one():
+def test_synthetic_reader_open_batch_is_one_other_open_dims_refused():
+    m = model([helper.make_node("Relu", ["x"], ["y"])], [vi("x", ["N", 3, 5, 4])], [vi("y", ["N", 3, 5, 4])])
+    assert SyntheticDataReader(m, 1).get_next()["x"].shape == (1, 3, 5, 4)
     m = model([helper.make_node("Relu", ["x"], ["y"])], [vi("x", ["N", 3, "H", 4])], [vi("y", ["N", 3, "H", 4])])
-    assert SyntheticDataReader(m, 1).get_next()["x"].shape == (1, 3, 1, 4)
+    with pytest.raises(TorqError, match=r"'x' has no size at axis 2 .*--input-shape x=1,3,D2,4"):
+        SyntheticDataReader(m, 1)
 
 
 class TimesTen(CalibrationDataReader):

@@ -18,6 +18,7 @@ from ..errors import TorqError, one_line
 from ..fileio import atomic_write_text
 from ..graph.io_quant import io_quant_params
 from ..graph.load import load_model
+from ..graph.input_shape import specialise, static_shapes
 from ..graph.validate import validate
 from ..program import Program
 from ..graph.bf16 import convert_to_bf16, is_bf16, to_fp32
@@ -25,7 +26,6 @@ from . import importer, lowering, torq_hl
 from .frontend import signedness
 from .frontend.canonicalize import canonicalize
 from .frontend.fold_shapes import fold_shape_arithmetic, slice_constant_gathers
-from .frontend.specialise import specialise_dynamic_dims
 from .emit import emit_program
 
 STAGES = ("torch_onnx", "torch", "linalg", "torq_hl")
@@ -100,14 +100,14 @@ def _graph_io(model):
 
 def import_graph(model: onnx.ModelProto) -> onnx.ModelProto:
     """The ONNX graph whose k-th non-Constant node is the k-th imported torch.operator: batch 1
-    (compiler/frontend/specialise.py), contrib ops in standard form, shape arithmetic folded and constant-index
+    (graph/input_shape.py), contrib ops in standard form, shape arithmetic folded and constant-index
     Gathers as slices (compiler/frontend/fold_shapes.py). `gen_config run` partitions this same graph.
 
     A bf16 model goes through as its exact fp32 twin (the ONNX checker rejects bf16 Conv at the
     opsets models use; see graph/bf16.py) and is retyped bf16 at the end."""
     if is_bf16(model):
         return convert_to_bf16(import_graph(to_fp32(model)))
-    model = canonicalize(specialise_dynamic_dims(model))
+    model = canonicalize(specialise(model))
     return slice_constant_gathers(fold_shape_arithmetic(model))
 
 
@@ -126,6 +126,7 @@ def compile(model, debug_ir: str | os.PathLike | None = None, name: str | None =
         name = Path(model).stem if isinstance(model, (str, os.PathLike)) else (model.graph.name or "model")
     where, model = (str(model) if isinstance(model, (str, os.PathLike)) else "model"), load_model(model)
     validate(model, where)             # attribute values torch-mlir would trust blindly
+    static_shapes(model, where)        # every input size known but the batch's (graph/input_shape.py)
     original = model
     model, u8_in, u8_out, shifted = front_end(model)
     stages = importer.StageTexts()     # texts printed only when read (.ir, --emit, --debug-ir)

@@ -110,10 +110,11 @@ def prepare(model_path, data: Dataset, calib: Dataset, opts: EvalOptions):
     the same calibration data — in its full-integer form (int8 I/O) whatever the recipe says:
     the arithmetic inside is the same. The SQNR reference is the prepared fp32 graph (front end,
     CLE, bias correction), whose tensors line up with the int8 model's."""
+    from ..graph.input_shape import set_input_shapes
     from ..graph.load import load_model
     from ..quantize.calibration import ImageReader, image_input
     from ..quantize.recipe import apply
-    fp32 = load_model(model_path)
+    fp32 = set_input_shapes(load_model(model_path), opts.recipe.input_shape, str(model_path))
     name, shape = image_input(fp32, "evaluate")
     recipe = opts.measured_recipe
     reader = None if opts.recipe.calibration_data else \

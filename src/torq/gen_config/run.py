@@ -177,9 +177,10 @@ def c_nodes(c) -> list:
 def fp32_model(opts: RunOptions):
     """The fp32 model (or its sub-graph) a bf16 run is compared with."""
     from ..graph import extract_segment
+    from ..graph.input_shape import set_input_shapes
     from ..graph.load import load_model
     from .discover import select_layers
-    fp32 = load_model(opts.model)
+    fp32 = set_input_shapes(load_model(opts.model), opts.quant.recipe.input_shape, str(opts.model))
     layers, suffix = select_layers(fp32, opts.subgraph)
     return extract_segment(fp32, [lay.node_index for lay in layers]) if suffix else fp32
 

@@ -6,6 +6,7 @@ import onnx
 from onnx import helper
 
 from ..errors import TorqError
+from .input_shape import static_dims
 
 
 def input_specs(model: onnx.ModelProto) -> list[tuple[str, list[int | None], np.dtype]]:
@@ -23,13 +24,13 @@ def input_specs(model: onnx.ModelProto) -> list[tuple[str, list[int | None], np.
 
 
 def random_inputs(model: onnx.ModelProto, seed: int = 0, float_range: float = 1.0) -> dict[str, np.ndarray]:
-    """One seeded feed per graph input (dynamic dims 1): integers over their full range, booleans,
+    """One seeded feed per graph input (an open batch 1, other open dims an error): integers over their full range, booleans,
     floats uniform in [-float_range, float_range). ``verify`` uses 1 (the scale of normalised
     images); per-layer tests use 40, as the reference tool does, to reach every quantized level."""
     rng = np.random.default_rng(seed)
     out = {}
     for name, dims, dt in input_specs(model):
-        shape = [d or 1 for d in dims]
+        shape = static_dims(name, dims, "inputs")
         if np.issubdtype(dt, np.integer):
             info = np.iinfo(dt)
             out[name] = rng.integers(info.min, int(info.max) + 1, shape, dtype=np.int64).astype(dt)

@@ -93,12 +93,10 @@ def _check_input_dims(model: onnx.ModelProto, where: str) -> None:
     for v in model.graph.input:
         if v.name in inits or not v.type.HasField("tensor_type"):
             continue
-        dims = [(k, d.dim_value) for k, d in enumerate(v.type.tensor_type.shape.dim) if d.HasField("dim_value")]
+        # Paddle's exports write -1 for "any size": an open dim, as a symbol (graph/input_shape.py)
+        dims = [(k, d.dim_value) for k, d in enumerate(v.type.tensor_type.shape.dim)
+                if d.HasField("dim_value") and d.dim_value != -1]
         for k, d in dims:
-            if d < 0:       # Paddle's exports write -1 for "any size"
-                raise TorqError(f"{where}: graph input {quote(v.name)} has dim {d} (any size) at axis {k}: give it "
-                                "the size you deploy with (onnx.tools.update_model_dims.update_inputs_outputs_dims, "
-                                "or re-export with a fixed input shape)")
             if not 1 <= d <= MAX_DIM:
                 raise TorqError(f"{where}: graph input {quote(v.name)} has dim {d} "
                                 f"(each dim must be 1..{MAX_DIM})")
@@ -117,7 +115,7 @@ def _check_value_dims(model: onnx.ModelProto, where: str) -> None:
             if len(dims) > MAX_RANK:
                 raise TorqError(f"{where}: value {quote(v.name)} has rank {len(dims)} (at most {MAX_RANK})")
             for d in dims:
-                if d.HasField("dim_value") and not 0 <= d.dim_value <= MAX_DIM:
+                if d.HasField("dim_value") and not -1 <= d.dim_value <= MAX_DIM:     # -1: open (Paddle)
                     raise TorqError(f"{where}: value {quote(v.name)} declares dim {d.dim_value} "
                                     f"(each dim must be 0..{MAX_DIM})")
 

@@ -25,6 +25,7 @@ from onnxruntime.quantization import CalibrationDataReader
 
 from ..errors import TorqError, one_line, quote
 from ..graph.inputs import input_specs
+from ..graph.input_shape import static_dims
 
 
 def probe_session(model: onnx.ModelProto, outputs=()):
@@ -44,14 +45,15 @@ def probe_session(model: onnx.ModelProto, outputs=()):
 
 
 class SyntheticDataReader(CalibrationDataReader):
-    """Uniform [-1, 1) samples from ``default_rng(seed)``; dynamic dims -> 1.
+    """Uniform [-1, 1) samples from ``default_rng(seed)``; an open batch dim -> 1 (another open
+    dim is an error: ``torq.graph.input_shape``).
 
     Deterministic on purpose: quantizing the same model twice gives the same scales, and
     ``reset()`` re-seeds so a second pass (entropy/percentile histograms) sees identical data.
     Integer/bool inputs get zeros (safe as indices)."""
 
     def __init__(self, model: onnx.ModelProto, num_samples: int = 20, seed: int = 0):
-        self.specs = [(n, [d or 1 for d in dims], dt) for n, dims, dt in input_specs(model)]
+        self.specs = [(n, static_dims(n, dims, "synthetic calibration"), dt) for n, dims, dt in input_specs(model)]
         self.num_samples = num_samples
         self.seed = seed
         self.reset()
@@ -268,7 +270,8 @@ def image_input(model: onnx.ModelProto, what: str = "calibrating on images") -> 
     if len(specs) != 1:
         raise TorqError(f"{what} needs a model with one image input, this one has {len(specs)}")
     name, dims, _ = specs[0]
-    if len(dims) != 4 or any(d is None for d in dims[1:]):
+    static_dims(name, dims, what)
+    if len(dims) != 4:
         raise TorqError(f"model input {name!r} must be N×C×H×W or N×H×W×C with static C, H, W; "
                         f"it is {[d or '?' for d in dims]}")
     return name, tuple(dims[1:])

@@ -48,6 +48,7 @@ class Recipe:
     # --- fp32 front end (semantics-preserving clean-ups a real export needs)
     fold: bool = True                   # ORT basic rewrites: constant/shape folding, Pad and BatchNorm into Conv
     dead_channels: bool = True          # zero BN-folded "dust" channels (< 1e-4 of the layer max) before per-channel
+    input_shape: tuple = ()             # ("NAME=D0,D1,...", ...): sizes of input dims the export left open
     # --- fp32 transforms that trade a little calibration work for accuracy
     equalize: str = "off"               # cross-layer equalization: off | bounded (ReLU6 pairs bounded) | skip (ReLU6 left)
     bias_correction: bool = False       # Conv/Gemm biases corrected for int8 weight rounding (calibration means)
@@ -127,6 +128,10 @@ def check(r: Recipe) -> None:
         v = getattr(r, name)
         if not isinstance(v, tuple) or not all(isinstance(s, str) and s for s in v):
             raise TorqError(f"--{name.replace('_', '-')}: expected names, got {v!r}")
+    from ..graph.input_shape import parse_input_shape
+    for text in r.input_shape:
+        if not isinstance(text, str) or parse_input_shape(text) != text:
+            raise TorqError(f"--input-shape: bad entry {text!r}: expected NAME=D0,D1,... (normalised)")
     for item in r.precision:
         if not (isinstance(item, tuple) and len(item) == 2 and item[1] in PRECISIONS and item[0]):
             raise TorqError(f"--precision: bad entry {item!r}: expected NODE=int8|int16|bf16")
@@ -177,8 +182,10 @@ class Quantized:
     recipe: Recipe
 
 
-def load_fp32(model, where: str | None = None) -> tuple[onnx.ModelProto, str]:
-    """(fp32 model with unshared weights, name for messages); refuses a quantized model."""
+def load_fp32(model, where: str | None = None, input_shape=()) -> tuple[onnx.ModelProto, str]:
+    """(fp32 model with unshared weights and the ``input_shape`` sizes, name for messages);
+    refuses a quantized model."""
+    from ..graph.input_shape import set_input_shapes
     from ..graph.unshare_weights import fold_constant_identities
     from ..graph.load import is_quantized, load_model
     from ..graph.validate import validate
@@ -188,7 +195,7 @@ def load_fp32(model, where: str | None = None) -> tuple[onnx.ModelProto, str]:
     if is_quantized(src):
         raise TorqError(f"{where}: model is already quantized (it has QuantizeLinear/DequantizeLinear, "
                         "QLinear* ops or int8 weights/IO); pass the fp32 model")
-    return src, where
+    return set_input_shapes(src, input_shape, where), where
 
 
 def front_end(recipe: Recipe, model: onnx.ModelProto) -> onnx.ModelProto:
@@ -234,7 +241,7 @@ def apply(recipe: Recipe, model, reader=None, *, where: str | None = None,
     per-layer activations, evaluate's held-apart images). ``wrap_lone_ops``: a model ORT leaves
     float (a lone Relu, Flatten, ...) gets Q/DQ around its I/O instead of an error."""
     from .calibration import make_reader
-    src, where = load_fp32(model, where)
+    src, where = load_fp32(model, where, recipe.input_shape)
     reader = reader if reader is not None else make_reader(src, recipe)
     prepared = prepare(recipe, src, reader)
     q = quantize_prepared(recipe, prepared, reader, where=where, wrap_lone_ops=wrap_lone_ops)

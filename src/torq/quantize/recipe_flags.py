@@ -42,6 +42,9 @@ FLAGS: dict[str, tuple[tuple[str, ...], dict]] = {
     "dead_channels": (("--dead-channels",), dict(action=_BOOL, help=(
         "fp32 front end: zero BN-folded 'dust' output channels (max |w| below 1e-4 of the layer's), "
         "which per-channel scales would blow up"))),
+    "input_shape": (("--input-shape",), dict(action="append", metavar="NAME=D0,D1,...", help=(
+        "sizes of the input dims the export left open (Paddle's -1, a symbolic H/W; an open batch is 1), "
+        "e.g. --input-shape x=1,3,48,192; repeat for several inputs"))),
     "equalize": (("--equalize",), dict(nargs="?", const="bounded", metavar="{off,bounded,skip}", help=(
         "cross-layer equalization before quantizing (Conv → Relu/ReLU6 → Conv channel pairs rescaled to "
         "equal weight ranges; bounded: ReLU6 channels only as far as calibration stays under the clip; "
@@ -94,6 +97,9 @@ def given(args) -> dict:
             continue
         if name in _LISTS:
             v = tuple(s.strip() for s in v.split(",") if s.strip())
+        elif name == "input_shape":
+            from ..graph.input_shape import parse_input_shape
+            v = tuple(parse_input_shape(t) for t in v)
         elif name == "precision":
             v = parse_precision(v)
         elif name in ("format", "calibrate_method", "equalize"):
@@ -142,7 +148,8 @@ def parse_precision(text: str) -> tuple:
 
 
 def quantizer_flags_given(args) -> list[str]:
-    """The recipe flags given that only mean something when a model is quantized (all but the front end)."""
-    return [FLAGS[k][0][0] for k in given(args) if k not in ("fold", "dead_channels")]
+    """The recipe flags given that only mean something when a model is quantized (all but the front end
+    and the input sizes)."""
+    return [FLAGS[k][0][0] for k in given(args) if k not in ("fold", "dead_channels", "input_shape")]
 
 

@@ -33,8 +33,8 @@ integer semantics are unchanged; ORT fuses these groups back into the same QLine
 * Any other ``com.microsoft`` op raises TorqError naming the node.
 
 Rewritten nodes keep their output tensor names; new tensors and nodes are named after the
-original node. Per-axis DQ needs opset 13, so an older default-domain opset is converted
-with onnx.version_converter; the ``com.microsoft`` import is dropped once unused. The result
+original node. Per-axis DQ needs opset 13 (and torch-mlir imports MaxPool from opset 12), so an
+older default-domain opset is converted with onnx.version_converter; the ``com.microsoft`` import is dropped once unused. The result
 passes onnx.checker (full check) and carries inferred value_info for every tensor.
 """
 from __future__ import annotations
@@ -54,6 +54,17 @@ __all__ = ["canonicalize", "REWRITES"]
 
 MS = "com.microsoft"
 _PER_AXIS_OPSET = 13
+#: ops torch-mlir's ONNX importer converts only from a later default-domain opset than their first
+#: (its patterns are registered "since" that version; read from TorchOnnxToTorch/DefaultDomain*.cpp):
+#: a model below it is converted up (a Paddle export at opset 11: MaxPool, Softmax)
+_IMPORTER_SINCE = {
+    "Add": 7, "Mul": 7, "Div": 7, "Greater": 7, "Elu": 6, "Exp": 6, "HardSigmoid": 6, "Selu": 6, "Tile": 6,
+    "InstanceNormalization": 6, "Reshape": 5, "Shape": 9, "Upsample": 9, "Concat": 11, "ConvTranspose": 11,
+    "Flatten": 11, "Resize": 11, "TopK": 11, "Dropout": 12, "MaxPool": 12, "Ceil": 13, "Floor": 13, "Erf": 13,
+    "Less": 13, "Mod": 13, "Loop": 13, "Slice": 13, "Softmax": 13, "Unsqueeze": 13, "ReduceMax": 13,
+    "ReduceMin": 13, "ReduceProd": 13, "GatherElements": 13, "GatherND": 13, "NonZero": 13,
+    "BatchNormalization": 15, "GreaterOrEqual": 16, "LpPool": 18,
+}
 
 
 @dataclass
@@ -312,8 +323,9 @@ def canonicalize(model: onnx.ModelProto) -> onnx.ModelProto:
     keep = [o for o in m.opset_import if o.domain != MS]
     del m.opset_import[:]
     m.opset_import.extend(keep)
-    if per_axis and model_opset < _PER_AXIS_OPSET:
-        m = _convert_opset(m, _PER_AXIS_OPSET)
+    need = max([_PER_AXIS_OPSET] * per_axis + [_IMPORTER_SINCE.get(n.op_type, 0) for n in g.node if not n.domain])
+    if need > model_opset:
+        m = _convert_opset(m, need)
     return _check(ceil_pools_to_floor(m))
 
 
@@ -332,8 +344,8 @@ def _convert_opset(m: onnx.ModelProto, version: int) -> onnx.ModelProto:
     try:
         return onnx.version_converter.convert_version(m, version)
     except Exception as e:   # noqa: BLE001 - the converter raises plain RuntimeError
-        raise TorqError(f"canonicalize: per-channel DequantizeLinear needs opset {version}, and "
-                        f"converting the model failed: {one_line(e, 200)}") from e
+        raise TorqError(f"canonicalize: the importer needs opset {version} (per-channel DequantizeLinear: 13, "
+                        f"MaxPool: 12, Softmax: 13, ...), and converting the model failed: {one_line(e, 200)}") from e
 
 
 def _check(m: onnx.ModelProto) -> onnx.ModelProto:
