@@ -12,7 +12,7 @@ import textwrap
 from pathlib import Path
 
 from ..cli_util import OneLineParser as _Parser
-from ..cli_util import run_main
+from ..cli_util import log_to, run_main
 from ..errors import TorqError
 
 PROG = "torq-gen-config"
@@ -144,7 +144,11 @@ def _cmd_quantize(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.argv = list(argv) if argv is not None else sys.argv[1:]   # for reproduction commands
-    return run_main(PROG, lambda: args.func(args))
+
+    def body():
+        with log_to(getattr(args, "log_file", None), PROG):
+            return args.func(args)
+    return run_main(PROG, body)
 
 
 if __name__ == "__main__":

@@ -70,6 +70,7 @@ def add_common_args(p, debug_ir_default=None) -> None:
                    help="write the IR of every stage of every compiled layer/segment to DIR (default 'tmp')")
     p.add_argument("--rounding", default="native", choices=("native", "ort"),
                    help="NSS rounding: native (the NPU's) or ort (ONNX Runtime's, bit-exact)")
+    p.add_argument("--log-file", metavar="PATH", help="also write everything printed to PATH (plain text)")
     q = p.add_argument_group("quantization (discover and run must use the same flags)")
     q.add_argument("--quantize", action="store_true", help="statically quantize the model (and each layer) to int8")
     q.add_argument("--per-channel", action="store_true", help="one weight scale per output channel")
@@ -102,6 +103,31 @@ def parse_executors(value: str | None, flag: str) -> list[str]:
     if bad:
         raise TorqError(f"{flag}: unknown executor '{bad[0]}'; choose from {', '.join(EXECUTOR_ORDER)}")
     return names
+
+
+def resolve_model(value: str, flag: str = "--model") -> Path:
+    """The ONNX file behind ``--model``: a file, or a folder holding exactly one ``.onnx``."""
+    path = Path(value)
+    if path.is_dir():
+        found = sorted(path.glob("*.onnx"))
+        if len(found) == 1:
+            return found[0]
+        names = ", ".join(p.name for p in found[:4]) + (" ..." if len(found) > 4 else "")
+        raise TorqError(f"{flag} {path} is a folder with {len(found)} .onnx files"
+                        + (f" ({names}); pass one of them" if found else "; pass the model file"))
+    if not path.is_file():
+        raise TorqError(f"{flag} {path}: no such file")
+    return path
+
+
+def quant_from_fingerprint(fp: dict | None) -> QuantSettings:
+    """The settings a report / compiler JSON was made with (fp32 for a reference-tool JSON), for
+    mapping layer ids to locations: which ops exist does not depend on the calibration data, so
+    the fingerprint's file name (not a path) is dropped."""
+    if not fp:
+        return QuantSettings()
+    names = set(QuantSettings.__dataclass_fields__) - {"calibration_data"}
+    return QuantSettings(**{k: v for k, v in fp.items() if k in names})
 
 
 def cache_dir() -> Path:

@@ -9,7 +9,10 @@ def layer_progress(what: str):
     from rich.console import Console
     from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
                                TimeRemainingColumn)
-    console = Console(stderr=True)
+    import sys
+
+    from ..cli_util import terminal
+    console = Console(file=terminal(sys.stderr))      # never into a --log-file
     with Progress(TextColumn(f"{what}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
                   TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=console,
                   transient=True) as prog:
