@@ -78,6 +78,7 @@ class _Emitter:
                 continue
             steps.append(self._step(op))
         if bad:
+            bad.sort(key=lambda u: (not getattr(u, "stated", False), u.op == "linalg.generic"))  # root cause first
             raise TorqError(str(bad[0]) + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""))
         return Program(inputs, outputs, steps, consts, len(self.slots))
 

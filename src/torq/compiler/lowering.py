@@ -34,6 +34,7 @@ class Unsupported:
     op: str
     location: str
     reason: str
+    stated: bool = False      # a lowering rule said why (the root cause; shown first)
 
     def __str__(self):
         return f"not supported on NSS: {self.op} at {self.location}: {self.reason}"
@@ -157,13 +158,15 @@ def report(module, ctx: Ctx | None = None) -> LoweringReport:
             key = name.split(".", 1)[1]
             rep.lowered[key] = rep.lowered.get(key, 0) + 1
         elif name not in DATA_MOVEMENT:
-            why = reasons.get(L.id_of(op), (None, None))[1] or _default_reason(name)
+            stated = reasons.get(L.id_of(op), (None, None))[1]
+            why = stated or _default_reason(name)
             onnx_op = ctx.onnx_op(op) if ctx else ""
             if onnx_op in NO_INTEGER_FORM:
                 why = NO_INTEGER_FORM[onnx_op]
             elif ctx and onnx_op in ("DequantizeLinear", "QuantizeLinear"):
                 why = _constant_for(ctx, op) or why
-            rep.unsupported.append(Unsupported(name, L.location_key(op), f"{onnx_op}: {why}" if onnx_op else why))
+            rep.unsupported.append(Unsupported(name, L.location_key(op), f"{onnx_op}: {why}" if onnx_op else why,
+                                               bool(stated)))
     return rep
 
 
