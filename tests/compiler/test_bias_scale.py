@@ -15,7 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import torq
 from torq.errors import TorqError
-from torq.runtime import reference
+from torq import reference
 
 F32 = np.float32
 S_X, Z_X, S_W, S_Y, Z_Y = 0.05, 10, 0.01, 0.004, -128

@@ -65,7 +65,8 @@ def test_faults_beyond_the_bound_are_differences(demo, lid):
 
 
 def bf16_edges_io(model):
-    from torq.quantize.full_integer import convert_to_full_integer, io_quant_params
+    from torq.graph.io_quant import io_quant_params
+    from torq.quantize.full_integer import convert_to_full_integer
     return io_quant_params(convert_to_full_integer(model))
 
 

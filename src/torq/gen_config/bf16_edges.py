@@ -39,8 +39,9 @@ def explain(model, inputs: dict, ours: dict) -> dict | None:
     """``{"max_lsb": ..., "explained": text}`` when every difference of ``ours`` (the NPU's outputs
     of the quantized layer ``model`` on ``inputs``) is bf16 edge rounding plus ±1 LSB of the core;
     None when the layer has no float edge or some element is beyond that."""
-    from ..quantize.full_integer import convert_to_full_integer, io_quant_params
-    from ..runtime import reference
+    from .. import reference
+    from ..graph.io_quant import io_quant_params
+    from ..quantize.full_integer import convert_to_full_integer
     try:
         core = convert_to_full_integer(model)
     except Exception:  # noqa: BLE001 - not a Q/DQ-edged model: nothing to explain

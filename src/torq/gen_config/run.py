@@ -196,7 +196,7 @@ def _hkey(item):
 def ort_intermediates(c, inputs: dict) -> dict:
     """ONNX Runtime on the canonical model with every node output exposed."""
     import onnx
-    from ..runtime import reference
+    from .. import reference
     m = onnx.shape_inference.infer_shapes(c)
     have = {o.name for o in m.graph.output}
     typed = {v.name: v for v in list(m.graph.value_info)}
@@ -238,7 +238,7 @@ def run_full(opts: RunOptions, log=None) -> tuple[dict, Path]:
     """Run the whole model with its executor map; returns (report or compiler JSON, its path).
     The metrics go to ``full_model_metrics`` (written back only into a report)."""
     from ..compiler.pipeline import import_graph
-    from ..runtime import reference
+    from .. import reference
     layers, suffix, q = model_and_layers(opts.model, opts.quant, opts.subgraph)
     src = load_map(opts.output_dir, opts.model.stem, suffix)
     check_fingerprint(src.fingerprint, opts.quant.fingerprint(opts.model), src.path)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from ..errors import TorqError, one_line
+from .errors import TorqError, one_line
 
 
 def session(model: onnx.ModelProto, threads: int = 0, optimized_model_path: str | None = None,
@@ -54,7 +54,7 @@ def bias_scale_mismatch(model: onnx.ModelProto) -> str | None:
     (per channel), or None."""
     from onnx import numpy_helper
 
-    from .. import numerics
+    from . import numerics
     inits = {t.name: t for t in model.graph.initializer}
     dq = {n.output[0]: n for n in model.graph.node if n.op_type == "DequantizeLinear" and len(n.input) > 1}
 
