@@ -117,4 +117,4 @@ def quantize_fallback_bound(x, scale, zp) -> np.ndarray:
     t = np.abs(np.asarray(x, np.float64) / float(scale) + int(zp))
     with np.errstate(over="ignore", invalid="ignore"):
         b = np.floor(1 + v * (e3 + f32) + (t + v * e3) * e2)
-    return np.nan_to_num(b, nan=0.0, posinf=2.0 ** 62).astype(np.int64)
+    return np.minimum(np.nan_to_num(b, nan=0.0, posinf=2.0 ** 62), 2.0 ** 62).astype(np.int64)
