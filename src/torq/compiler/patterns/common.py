@@ -258,6 +258,10 @@ def int32_or_fail(ctx: Ctx, op, what: str, values) -> Fail | None:
 def bias_to_accumulator(ctx: Ctx, op, q_b, zp_b, s_b, s_acc) -> np.ndarray | Fail:
     """The bias as an integer in the accumulator scale (the lecture's trap: its scale need not be
     input_scale·weight_scale), or a ``Fail`` saying why there is none; checked against int32."""
+    fail = int32_or_fail(ctx, op, "bias − bias zero point",
+                         np.asarray(q_b, np.int64).reshape(-1) - np.asarray(zp_b, np.int64).reshape(-1))
+    if fail is not None:
+        return fail
     try:
         b = numerics.bias_to_accumulator(q_b, zp_b, s_b, s_acc)
     except ValueError as e:
