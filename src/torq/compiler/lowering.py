@@ -13,12 +13,8 @@ import numpy as np
 
 from . import linalg_view as L
 from . import recognise as R
-<<<<<<< HEAD
-from .patterns import conv, conv3d, data_movement, elementwise, fully_connected, matmul, movement_chain, pooling, table
-=======
-from .patterns import (conv, data_movement, elementwise, float_contract, float_elementwise, fully_connected, matmul,
-                       movement_chain, pooling, table)
->>>>>>> main
+from .patterns import (conv, conv3d, data_movement, elementwise, float_contract, float_elementwise, fully_connected,
+                       matmul, movement_chain, pooling, table)
 from .patterns.common import Ctx, Fail, constant
 from .patterns.quant_fallback import DequantizeFallback, QuantizeFallback
 
