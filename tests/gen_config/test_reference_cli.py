@@ -338,3 +338,10 @@ def test_log_file_gets_the_one_line_error(model, tmp_path, capsys):
     assert cli("run", "--model", model, "--output-dir", tmp_path / "nothing", "--log-file", log) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and err in log.read_text()
+
+
+def test_reference_hardware_flags_are_accepted_with_a_note(model, tmp_path, capsys):
+    assert cli("discover", "--model", model, "--output-dir", tmp_path, "--skip-executors=nss,css",
+               "--torq-hw=SL2610", "--torq-hw-type=sim", "--compiler-option=--foo", "-v") == 0
+    err = capsys.readouterr().err
+    assert "note: --torq-hw, --torq-hw-type, --compiler-option, --verbose have no effect here" in err

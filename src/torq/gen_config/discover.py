@@ -21,7 +21,7 @@ from . import layer_test, mapping, schema
 from .cache import ResultCache
 from .executors import EXECUTOR_ORDER
 from .options import (QuantSettings, add_common_args, cache_dir, check_output_dir, parse_executors,
-                      quant_settings, resolve_model)
+                      note_inert_flags, quant_settings, resolve_model)
 
 
 @dataclass
@@ -330,6 +330,7 @@ def options_from_args(args) -> DiscoverOptions:
     if args.timing_runs < 1:
         raise TorqError(f"--timing-runs must be at least 1 (got {args.timing_runs})")
     model = resolve_model(args.model)
+    note_inert_flags(args)
     timing = args.collect_timing or args.recommend_by_timing
     quant = quant_settings(args)
     if args.save_bf16_model and not quant.auto_convert_bf16:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -75,6 +76,12 @@ def add_common_args(p, debug_ir_default=None) -> None:
     p.add_argument("--rounding", default="native", choices=("native", "ort"),
                    help="NSS rounding: native (the NPU's) or ort (ONNX Runtime's, bit-exact)")
     p.add_argument("--log-file", metavar="PATH", help="also write everything printed to PATH (plain text)")
+    r = p.add_argument_group("reference-tool options without effect here (accepted so its scripts run; a note says so)")
+    r.add_argument("--torq-hw", metavar="NAME", help="hardware config of the reference's simulator")
+    r.add_argument("--torq-hw-type", metavar="TYPE", help="sim / hardware runtime of the reference tool")
+    r.add_argument("--compiler-option", action="append", metavar="OPT", help="extra torq-compile option")
+    r.add_argument("--runtime-option", action="append", metavar="OPT", help="extra torq-run-module option")
+    r.add_argument("-v", "--verbose", action="store_true", help="the reference's verbose logging")
     q = p.add_argument_group("quantization (discover and run must use the same flags)")
     q.add_argument("--auto-convert-bf16", action="store_true",
                    help="convert the fp32 model (and each layer) to bf16, the NPU's float datapath, as the "
@@ -87,6 +94,18 @@ def add_common_args(p, debug_ir_default=None) -> None:
     q.add_argument("--calibrate-method", default="minmax", metavar="{minmax,entropy,percentile}")
     q.add_argument("--calibration-data", metavar="PATH", help=".npz or folder of <input>.npy (default: synthetic)")
     q.add_argument("--num-calib", type=int, default=20, metavar="N", help="calibration samples (default 20)")
+
+
+INERT = ("torq_hw", "torq_hw_type", "compiler_option", "runtime_option", "verbose")
+
+
+def note_inert_flags(args, prog: str = "torq-gen-config") -> None:
+    """One stderr line naming the reference-tool flags given that change nothing here: torq runs
+    its own bit-exact NSS simulator and IREE, not the reference's compiler, runtime or boards."""
+    given = [f"--{k.replace('_', '-')}" for k in INERT if getattr(args, k, None)]
+    if given:
+        print(f"{prog}: note: {', '.join(given)} {'has' if len(given) == 1 else 'have'} no effect here (torq "
+              "simulates the NSS itself and compiles CSS/HOST with IREE)", file=sys.stderr)
 
 
 def quant_settings(args) -> QuantSettings:

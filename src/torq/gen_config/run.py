@@ -310,9 +310,10 @@ def register(sub) -> None:
 
 
 def cmd_run(args) -> int:
-    from .options import resolve_model
+    from .options import note_inert_flags, resolve_model
     from .progress import layer_progress
     model = resolve_model(args.model)
+    note_inert_flags(args)
     if not args.tolerance_lsb >= 0:
         raise TorqError(f"--tolerance-lsb must be non-negative (got {args.tolerance_lsb})")
     if not 0 <= args.tolerance_frac <= 1:
