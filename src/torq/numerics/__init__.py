@@ -20,6 +20,7 @@ torq). One module per concern:
   bias     a bias in the accumulator's scale (the lecture's trap: S_b != S_W·S_X)
   explain  why a native result differs from ORT's (tie / near-tie / other), in exact rationals
   loops    numba-compiled per-element loops and the layout plumbing they need
+May import: nothing from torq; numpy, numba and the standard library only.
 """
 from __future__ import annotations
 
