@@ -43,7 +43,12 @@ _SHOW = {True: "on", False: "off", None: "none"}
 
 
 def _flag(key: str) -> str:
-    return {"calibration_sha256": "--calibration-data (contents)"}.get(key, "--" + key.replace("_", "-"))
+    """The command-line flag behind a fingerprint key (a Recipe field: its flag)."""
+    from ..quantize.recipe_flags import FLAGS
+    if key in FLAGS:
+        return FLAGS[key][0][0]
+    return {"calibration_sha256": "--calibration-data (contents)", "recipe_fingerprint": "--recipe"}.get(
+        key, "--" + key.replace("_", "-"))
 
 
 def fingerprint_mismatch(got: dict | None, expected: dict, name: str, limit: int = 240) -> str | None:
@@ -51,6 +56,8 @@ def fingerprint_mismatch(got: dict | None, expected: dict, name: str, limit: int
     if got is None:
         return None      # a reference-tool JSON: nothing to check against (the CLI says so)
     diff = [k for k in sorted(set(got) | set(expected)) if got.get(k) != expected.get(k)]
+    if len(diff) > 1:
+        diff = [k for k in diff if k != "recipe_fingerprint"]    # the hash of the fields named
     if not diff:
         return None
     parts = ["the model file changed" if k == "model_sha256" else
