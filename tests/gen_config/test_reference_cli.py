@@ -345,3 +345,14 @@ def test_reference_hardware_flags_are_accepted_with_a_note(model, tmp_path, caps
                "--torq-hw=SL2610", "--torq-hw-type=sim", "--compiler-option=--foo", "-v") == 0
     err = capsys.readouterr().err
     assert "note: --torq-hw, --torq-hw-type, --compiler-option, --verbose have no effect here" in err
+
+
+def test_compiler_json_only_view_and_edit_by_layer_id(model, out, capsys):
+    report, compiler = _files(out)
+    report.unlink()
+    assert cli("view", "--model", model, "--output-dir", out) == 0
+    assert "Total assignments: 3" in capsys.readouterr().out
+    assert cli("edit", "--model", model, "--output-dir", out, "--layer", "Add_output", "--executor", "css") == 0
+    assert json.loads(compiler.read_text())["op_assignments"]["9:10"] == {"executor": "css"}
+    assert cli("edit", "--model", model, "--output-dir", out, "--layer", "7:10", "--executor", "null") == 0
+    assert "7:10" not in json.loads(compiler.read_text())["op_assignments"]
