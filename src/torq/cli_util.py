@@ -88,10 +88,14 @@ _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[()][A-Za-z0-9]|\r")
 
 class _Tee:
     """A text stream that also appends what it is given (without terminal control codes) to a
-    log. ``terminal`` is the original stream: progress bars draw there, not into the log."""
+    log. It is no terminal (``isatty`` False): progress then prints plain timestamped lines,
+    which read well in the log and on the screen alike, instead of redrawing a bar."""
 
     def __init__(self, stream, log):
         self.terminal, self._log = stream, log
+
+    def isatty(self) -> bool:
+        return False
 
     def write(self, text: str) -> int:
         self._log.write(_ANSI.sub("", text))
@@ -126,8 +130,3 @@ def log_to(path: str | None, prog: str = "", flag: str = "--log-file"):
     finally:
         sys.stdout, sys.stderr = out, err
         log.close()
-
-
-def terminal(stream):
-    """The real terminal behind a ``log_to`` tee (progress bars must not go to the log)."""
-    return getattr(stream, "terminal", stream)

@@ -69,9 +69,7 @@ class QConv3D:
         w2 = np.transpose(m.w, (0, 2, 1, 3, 4)).reshape(O, KD * C, KH, KW)      # W'[o, kd·C + c]
         w_adj = w2 - m.w_zp
         bias = folded_bias(ctx, m.conv, m.bias, m.in_zp, w_adj)
-        if isinstance(bias, Fail):
-            return bias
-        mults, shift, bias, dq_scale = rescale(m.dq_scale, ys, w_adj, bias, root.q)
+        mults, shift, bias, dq_scale, w_adj = rescale(m.dq_scale, ys, w_adj, bias, root.q)
         x2, (N, Do) = _fold_depth(m, KD, loc, ip)
         Ho, Wo = L.shape_of(root.op.results[0])[3:]
         i8 = ir.RankedTensorType(root.op.results[0].type).element_type
