@@ -325,6 +325,7 @@ def test_model_folder_and_log_file(model, tmp_path, capsys):
     text = log.read_text()
     assert "discover: 3 layers" in text and "\x1b[" not in text
     shutil.copy(model, folder / "other.onnx")
+    capsys.readouterr()
     assert cli("discover", "--model", folder) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "is a folder with 2 .onnx files" in err
