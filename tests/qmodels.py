@@ -167,19 +167,6 @@ def conv_model(rng, cin, cout, k, stride, dilation, pads, group, bias, relu, hw)
     return model(nodes, [("x", [1, cin, hw[0], hw[1]])], ["y"], inits)
 
 
-def npu_quantize_bf16(x, s, z, qmin, qmax):
-    """The NSS's Quantize fallback, its steps with the very numerics calls it makes: act f2f,
-    mul (bf16_affine), act f2i, fma clamp."""
-    factor, bias = numerics.bf16_fallback_constants(s, z, True)
-    q = numerics.float_to_int(numerics.bf16_affine(numerics.to_bf16(x), factor, bias))
-    return np.clip(q, qmin, qmax)
-
-
-def npu_dequantize_bf16(q, s, z):
-    """The NSS's Dequantize fallback: fma (q - zp), act i2f (exact), mul (bf16_affine), act f2f."""
-    factor, bias = numerics.bf16_fallback_constants(s, z, False)
-    return numerics.bf16_affine((np.asarray(q).astype(np.int64) - int(z)).astype(np.float32), factor, bias)
-
 
 def depthwise_ref(x, w, pads, pv, s, d):
     """Plain int64 depthwise convolution (channel multiplier O // C; stride ``s`` and dilation ``d``

@@ -7,7 +7,9 @@ May import: torq.errors.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import re
 import sys
 import warnings
 from typing import Callable
@@ -79,3 +81,52 @@ def _stdout_to_devnull() -> None:
         os.close(devnull)
     except (OSError, ValueError):
         pass
+
+
+_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[()][A-Za-z0-9]|\r")
+
+
+class _Tee:
+    """A text stream that also appends what it is given (without terminal control codes) to a
+    log. It is no terminal (``isatty`` False): progress then prints plain timestamped lines,
+    which read well in the log and on the screen alike, instead of redrawing a bar."""
+
+    def __init__(self, stream, log):
+        self.terminal, self._log = stream, log
+
+    def isatty(self) -> bool:
+        return False
+
+    def write(self, text: str) -> int:
+        self._log.write(_ANSI.sub("", text))
+        return self.terminal.write(text)
+
+    def flush(self) -> None:
+        self._log.flush()
+        self.terminal.flush()
+
+    def __getattr__(self, name):        # isatty, fileno, encoding, ... of the terminal
+        return getattr(self.terminal, name)
+
+
+@contextlib.contextmanager
+def log_to(path: str | None, prog: str = "", flag: str = "--log-file"):
+    """With a path: everything printed on stdout and stderr is also written to that file (and
+    the one-line error, if the command fails with one)."""
+    if not path:
+        yield
+        return
+    try:
+        log = open(path, "w", encoding="utf-8")
+    except OSError as e:
+        raise TorqError(f"{flag} {path}: cannot write: {e.strerror}") from None
+    out, err = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = _Tee(out, log), _Tee(err, log)
+    try:
+        yield
+    except TorqError as e:
+        log.write(f"{prog}: error: {one_line(e, limit=None)}\n")
+        raise
+    finally:
+        sys.stdout, sys.stderr = out, err
+        log.close()

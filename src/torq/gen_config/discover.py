@@ -21,7 +21,7 @@ from . import layer_test, mapping, schema
 from .cache import ResultCache
 from .executors import EXECUTOR_ORDER
 from .options import (QuantSettings, add_common_args, cache_dir, check_output_dir, parse_executors,
-                      quant_settings)
+                      note_inert_flags, quant_settings, resolve_model)
 
 
 @dataclass
@@ -186,6 +186,7 @@ def run_discovery(opts: DiscoverOptions, progress=None) -> tuple[dict, Path]:
             entry["_node_index"] = k if opts.quant.quantize else layer.node_index
             entry["_orig_index"] = layer.node_index
             entry["mlir_location"] = loc if loc else layer.op_type
+            _set_macs(entry, layer)
             _fill(ctx, layer, entry, why, results)
             schema.summarize(report)
             schema.save(report, path)
@@ -194,6 +195,16 @@ def run_discovery(opts: DiscoverOptions, progress=None) -> tuple[dict, Path]:
     report["discovery_report"]["summary"].update(computed=ctx.computed, from_cache=ctx.cache.hits)
     schema.save(report, path)
     return report, path
+
+
+def _set_macs(entry: dict, layer) -> None:
+    """``mac_count`` as the reference writes it (left out when a shape is not static)."""
+    from ..graph.macs import model_macs
+    n = model_macs(layer.model)
+    if n is None:
+        entry.pop("mac_count", None)
+    else:
+        entry["mac_count"] = n
 
 
 def _layer_calibration(opts: DiscoverOptions, layers) -> dict:
@@ -324,7 +335,8 @@ def register(sub) -> None:
                     "(relative). Exit 0 unless some layer runs on no executor.",
         epilog="example: torq-gen-config discover --model m.onnx --quantize --full-integer --skip-mode")
     add_common_args(p)
-    p.add_argument("--skip-mode", action="store_true", help="stop at the first success per layer (nss, css, host)")
+    p.add_argument("--skip-mode", "--executor-skip-mode", dest="skip_mode", action="store_true",
+                   help="stop at the first success per layer (nss, css, host)")
     p.add_argument("--skip-executors", metavar="LIST", help="comma list of executors never tested, e.g. css,host")
     p.add_argument("--skip-ops", metavar="LIST", help="comma list of ONNX op types to leave unassigned (null)")
     p.add_argument("--dedup-layers", action="store_true",
@@ -346,9 +358,8 @@ def options_from_args(args) -> DiscoverOptions:
         raise TorqError(f"--jobs must be at least 1 (got {args.jobs})")
     if args.timing_runs < 1:
         raise TorqError(f"--timing-runs must be at least 1 (got {args.timing_runs})")
-    model = Path(args.model)
-    if not model.is_file():
-        raise TorqError(f"--model {model}: no such file")
+    model = resolve_model(args.model)
+    note_inert_flags(args)
     timing = args.collect_timing or args.recommend_by_timing
     quant = quant_settings(args)
     if args.save_bf16_model and not quant.auto_convert_bf16:

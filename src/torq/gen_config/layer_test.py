@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from ..fileio import atomic_write_bytes, atomic_write_text, save_model
+from . import bf16_edges
 from . import executors as X
 from ..graph.inputs import random_inputs
 from .compare import BF16_ABS_TOL_FRAC, compare, dq_output_scales
@@ -99,8 +100,11 @@ def run_executor(p: Prepared, executor: str, tol: dict, cache_dir, rounding="nat
     except X.ExecutorError as e:
         entry["failure_report"] = {"type": "error", "summary": e.summary, "reason_code": e.reason_code}
         return entry
+    explained = None if ok or executor != "nss" else bf16_edges.explain(p.model, p.inputs, outs)
     if ok:
         entry["status"] = "success"
+    elif explained:
+        entry.update(status="success", max_diff=diff, explained=explained["explained"])
     else:
         entry.update(status="difference", max_diff=diff,
                      failure_report={"type": "accuracy_failure", "reason_code": "numeric_mismatch",

@@ -1,15 +1,21 @@
 """``torq-gen-config view``: the report as a table (layers x executors), one layer's detail, or
-one self-contained HTML page (``--html``) with the failure reasons and run's LSB histogram."""
+one self-contained HTML page (``--html``) with the failure reasons and run's LSB histogram.
+
+The text around the table follows the reference tool's viewer (``MODEL:``, ``STATUS COUNTS:``,
+``TIMING SUMMARY``, ``LAYER:``, ``Executor Results:``); a compiler JSON alone is shown as its
+assignments. Reference reports (no fingerprint, no reason codes) are shown as they are."""
 from __future__ import annotations
 
 import argparse
 import html
 import json
+import sys
 from pathlib import Path
 
 from ..errors import TorqError
 from ..fileio import atomic_write_text
-from . import schema
+from . import compiler_json, schema
+from . import report_text as T
 from .executors import EXECUTOR_ORDER, REASON_CODES
 
 _STYLE = {"success": "green", "difference": "yellow", "error": "red"}
@@ -63,15 +69,14 @@ def print_table(report: dict, console=None, show_all: bool = False) -> None:
         ex = op.get("executors", {})
         cells = [f"[{_STYLE[ex[e]['status']]}]{_cell(ex[e])}[/]" if e in ex else "-" for e in EXECUTOR_ORDER]
         rec = op.get("recommended_executor") or "[red]null[/]"
-        t.add_row(str(op.get("_orig_index", "")), lid, *cells, rec, str(op.get("mlir_location", "")))
+        t.add_row(str(T.node_index(op)), lid, *cells, rec, str(op.get("mlir_location", "")))
     console.print(t)
     if _folded_note(report, show_all):
         console.print(_folded_note(report, show_all))
-    s = report.get("discovery_report", {}).get("summary", {})
-    if s:
-        n_folded = sum(1 for op in report["ops"].values() if folded(op))
-        console.print("recommended: " + ", ".join(f"{e} {n}" for e, n in s.get("executor_counts", {}).items())
-                      + f" of {s.get('total_layers', 0) - n_folded} layers" + (f" (+ {n_folded} folded)" if n_folded else ""))
+    c = T.counts(report["ops"])
+    n_folded = sum(1 for op in report["ops"].values() if folded(op))
+    console.print("recommended: " + ", ".join(f"{e} {n}" for e, n in c["recommended_counts"].items())
+                  + f" of {len(report['ops']) - n_folded} layers" + (f" (+ {n_folded} folded)" if n_folded else ""))
     m = report.get("full_model_metrics")
     if m:
         console.print(f"full model (run): max |Δ| {m.get('max_abs_lsb')} LSB, within tolerance: {m.get('passed')}")
@@ -90,14 +95,7 @@ def find_layer(report: dict, name: str) -> str:
 
 def layer_detail(report: dict, name: str) -> str:
     lid = find_layer(report, name)
-    op = report["ops"][lid]
-    lines = [f"{lid}: recommended {op.get('recommended_executor')}, location {op.get('mlir_location')}, "
-             f"node {op.get('_orig_index')}" + (f", duplicate of {op['duplicate_of']}" if "duplicate_of" in op else "")]
-    for ex, r in op.get("executors", {}).items():
-        fr = r.get("failure_report")
-        why = f" [{fr.get('reason_code')}] {fr.get('summary')}" if fr else ""
-        lines.append(f"  {ex}: {r['status']}{why}")
-    return "\n".join(lines)
+    return "\n".join(T.layer_lines(lid, report["ops"][lid]))
 
 
 def html_page(report: dict, show_all: bool = False) -> str:
@@ -115,11 +113,11 @@ def html_page(report: dict, show_all: bool = False) -> str:
                 cells.append("<td>-</td>")
                 continue
             fr = r.get("failure_report", {})
-            why = f"<div class='why'>[{html.escape(str(fr.get('reason_code', '')))}] " \
-                  f"{html.escape(str(fr.get('summary', '')))}</div>" if fr else ""
+            code = f"[{html.escape(fr['reason_code'])}] " if fr.get("reason_code") else ""
+            why = f"<div class='why'>{code}{html.escape(str(fr.get('summary', '')))}</div>" if fr else ""
             cells.append(f"<td class='{r['status']}' style='background:{colour[r['status']]}'>"
                          f"{html.escape(_cell(r))}{why}</td>")
-        rows.append(f"<tr><td>{op.get('_orig_index', '')}</td><td>{html.escape(lid)}</td>{''.join(cells)}"
+        rows.append(f"<tr><td>{T.node_index(op)}</td><td>{html.escape(lid)}</td>{''.join(cells)}"
                     f"<td class='rec'>{html.escape(str(op.get('recommended_executor')))}</td>"
                     f"<td>{html.escape(str(op.get('mlir_location', '')))}</td></tr>")
     return _HTML.format(name=html.escape(str(report.get("model_name"))), rows="\n".join(rows),
@@ -151,15 +149,34 @@ padding:2px 6px;font-size:13px}} .why{{font-size:11px;color:#444}} .bar{{backgro
 
 
 def resolve_report(config: str | None, model: str | None, output_dir: str) -> Path:
-    """The report JSON: given explicitly, or torq_gen_config_<model stem>.json in --output-dir."""
+    """The JSON to show or edit: given explicitly; else for ``--model`` the report in
+    ``--output-dir`` (or, when only that was shared, its compiler JSON); else the one report there."""
     if config:
         return Path(config)
+    out = Path(output_dir or ".")
     if model:
-        return schema.report_path(output_dir, Path(model).stem)
-    found = sorted(p for p in Path(output_dir).glob("torq_gen_config_*.json") if not p.stem.endswith("_compiler"))
+        stem = Path(model).stem
+        found = schema.find_report(out, stem)
+        if found is not None:
+            return found
+        only_compiler = schema.compiler_path(schema.report_path(out, stem))
+        if only_compiler.exists():
+            return only_compiler
+        raise TorqError(f"no report or compiler JSON for {stem} in {out} (torq_gen_config_{stem}.json; "
+                        "run 'torq-gen-config discover' first)")
+    found = sorted(p for p in out.glob("torq_gen_config_*.json") if not p.stem.endswith(("_compiler", "_mac_debug")))
     if len(found) != 1:
-        raise TorqError(f"pass the report JSON or --model ({len(found)} reports in {output_dir})")
+        raise TorqError(f"pass the report JSON or --model ({len(found)} reports in {out})")
     return found[0]
+
+
+def is_compiler_json(path: Path) -> bool:
+    """A JSON with ``op_assignments`` and no ``ops`` (read errors are left to the loaders)."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and "op_assignments" in data and "ops" not in data
 
 
 def register(sub) -> None:
@@ -179,7 +196,11 @@ def register(sub) -> None:
 
 
 def cmd_view(args) -> int:
-    report = schema.load(resolve_report(args.config, args.model, args.output_dir))
+    path = resolve_report(args.config, args.model, args.output_dir)
+    if is_compiler_json(path):
+        print("\n".join(compiler_json.summary_lines(compiler_json.load(path))))
+        return 0
+    report = schema.load(path)
     layer = args.layer or args.layer_pos
     if args.html:
         try:
@@ -192,5 +213,7 @@ def cmd_view(args) -> int:
     elif args.json:
         print(json.dumps(report, indent=2))
     else:
+        print("\n".join(T.summary_lines(report) + [""]))
         print_table(report, show_all=args.show_all)
+        print("\n".join(["", *T.tolerance_lines(report), "", T.RULE]))
     return 0

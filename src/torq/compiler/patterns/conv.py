@@ -21,7 +21,8 @@ import numpy as np
 from ... import numerics
 from .. import linalg_view as L
 from .. import recognise as R
-from .common import Ctx, Root, constant, emit, folded_bias, int32_or_fail, pad_constant, rescale, scalar, strip_pad
+from .common import (Ctx, Fail, Root, bias_to_accumulator, constant, emit, folded_bias, pad_constant, rescale, scalar,
+                     strip_pad)
 
 
 @dataclass
@@ -88,9 +89,11 @@ def _per_tensor(ctx: Ctx, root: Root):
     pv = pad_constant(ctx, padv)
     if padv is not None and pv != int(in_zp):
         return ctx.fail(conv, f"padding value {pv} is not the input zero point {int(in_zp)}")
-    bias = ctx.original_bias(init)
+    bias = ctx.original_bias(init, conv)
     if bias is None:
         return ctx.fail(conv, "bias is not a compile-time constant")
+    if isinstance(bias, Fail):
+        return bias
     if depthwise:  # init broadcast on NHWC output: [1,OH,OW,C] -> per-channel vector
         bias = bias.reshape(-1, bias.shape[-1])[0] if bias.ndim > 1 else bias
     elif bias.ndim > 1:
@@ -122,9 +125,11 @@ def _grouped(ctx: Ctx, d, conv):
     G = w.shape[0]
     w = w.reshape(-1, *w.shape[2:])                      # [G, O/G, C/G, KH, KW] -> [O, C/G, KH, KW]
     O = w.shape[0]
-    bias = ctx.original_bias(init)
+    bias = ctx.original_bias(init, conv)
     if bias is None:
         return ctx.fail(conv, "bias is not a compile-time constant")
+    if isinstance(bias, Fail):
+        return bias
     bias = bias[0, :, 0, 0] if bias.ndim == 4 else bias.reshape(-1)[:O]
     return ConvMatch("conv2d", conv, x, w.astype(np.int64), int(w_zp), int(in_zp), bias.astype(np.int64),
                      np.full(O, np.float32(scalar(d.scale, "conv output scale")), np.float32), pad,
@@ -178,14 +183,13 @@ def _per_channel(ctx: Ctx, root: Root):
         bq = ctx.int_const_of_dequant(bop.operands[0])
         if bq is None:
             return ctx.fail(conv, "bias is not a dequantized int32 constant")
-        bias = bq[0].astype(np.int64).reshape(O) - R.channel_vector(bq[2], 0, O, np.int64)
-        fail = int32_or_fail(ctx, conv, "bias − bias zero point", bias)
-        if fail is not None:
-            return fail
-        bscale = R.channel_vector(bq[1], 0, O, np.float32)
-        expect = numerics.dq_scale(scalar(xs, "input scale"), ws)
-        if not np.allclose(bscale, expect, rtol=1e-6, atol=0):
-            return ctx.fail(conv, "bias scale is not input_scale x weight_scale")
+        bscale, bzp = R.channel_vector(bq[1], 0, O, np.float32), R.channel_vector(bq[2], 0, O, np.int64)
+        if bscale is None or bzp is None:
+            return ctx.fail(conv, "bias scale/zero point must be per-tensor or per-output-channel")
+        bias = bias_to_accumulator(ctx, conv, bq[0].astype(np.int64).reshape(O), bzp, bscale,
+                                   numerics.dq_scale(scalar(xs, "input scale"), ws))
+        if isinstance(bias, Fail):
+            return bias
     elif ctx.const(init) is None or np.any(ctx.const(init) != 0):
         return ctx.fail(conv, "unsupported accumulator initialisation")
     try:
