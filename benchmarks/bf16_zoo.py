@@ -1,6 +1,6 @@
 """The torchvision zoo in bf16 on the NSS: ``discover --auto-convert-bf16`` then ``run``, one table.
 
-    python benchmarks/bf16_zoo.py                        # every CNN of benchmarks/zoo.py + convnext + vit
+    python benchmarks/bf16_zoo.py                        # every CNN of benchmarks/torchvision_zoo.py + convnext + vit
     python benchmarks/bf16_zoo.py --models resnet18,vit_b_16 --images 8 --json build/bf16_zoo.json
 
 Per model (exported by ``zoo.export``: seeded random weights, batch 1, opset 17):
@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import zoo  # noqa: E402
+import torchvision_zoo as zoo  # noqa: E402
 
 CNNS = [m for m in zoo.MODELS if m not in ("convnext_tiny", "vit_b_16")]
 DEFAULT = CNNS + ["convnext_tiny", "vit_b_16"]
