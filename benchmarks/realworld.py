@@ -164,8 +164,8 @@ def _discovered(row: Row, work: Path, stem: str, text: str) -> dict | None:
 
 
 def _top1(text: str) -> str:
-    found = dict(re.findall(r"^\s*(FP32|INT8 \(ORT\)|INT8 \(NSS\)|INT8 NSS|NSS)\s*[|:]?\s*([\d.]+)\s*%", text, re.M))
-    return " / ".join(f"{v}" for v in found.values()) or "see log"
+    found = re.findall(r"^\| (?:FP32|INT8)[^|]*\| ([\d.]+) ", text, re.M)
+    return " / ".join(found[:3]) or "see log"
 
 
 def _last_line(text: str) -> str:
