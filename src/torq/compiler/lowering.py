@@ -85,7 +85,8 @@ def _materialize_float_constants(ctx: Ctx, module) -> None:
     """A float generic computed from constants only that is still read becomes its value."""
     from torch_mlir import ir
     for op in func_ops(module):
-        if not float_elementwise.is_float_generic(op) or len(op.results) != 1:
+        if not float_elementwise.is_float_generic(op) or len(op.results) != 1 \
+                or L.element_type(op.results[0]) not in float_elementwise.FLOAT:
             continue
         value = ctx.const(op.results[0])
         if value is None:

@@ -21,7 +21,7 @@ from ..graph.load import load_model
 from ..graph.input_shape import specialise, static_shapes
 from ..graph.validate import validate
 from ..program import Program
-from ..graph.bf16 import convert_to_bf16, is_bf16, to_fp32
+from ..graph.bf16 import bf16_seeds, is_bf16, retype_from, to_fp32
 from . import importer, lowering, torq_hl
 from .frontend import signedness
 from .frontend.canonicalize import canonicalize
@@ -106,7 +106,7 @@ def import_graph(model: onnx.ModelProto) -> onnx.ModelProto:
     A bf16 model goes through as its exact fp32 twin (the ONNX checker rejects bf16 Conv at the
     opsets models use; see graph/bf16.py) and is retyped bf16 at the end."""
     if is_bf16(model):
-        return convert_to_bf16(import_graph(to_fp32(model)))
+        return retype_from(import_graph(to_fp32(model)), bf16_seeds(model))
     model = canonicalize(specialise(model))
     return slice_constant_gathers(fold_shape_arithmetic(model))
 
