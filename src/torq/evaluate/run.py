@@ -202,7 +202,7 @@ def _run_nss_path(result, data, opts, q, name, shape, qin) -> None:
             yield start, xq
 
     with result.progress("INT8 (NSS)", len(data), opts.progress) as advance:
-        stream = nss_outputs(q, opts, inputs())
+        stream = nss_outputs(q, opts, inputs(), images=len(data))
         t0 = time.perf_counter()
         for start, out in stream:
             result.record("int8_nss", start, out)

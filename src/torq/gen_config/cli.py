@@ -14,6 +14,7 @@ from pathlib import Path
 from ..cli_util import OneLineParser as _Parser
 from ..cli_util import run_main
 from ..errors import TorqError
+from ..fileio import refuse_overwrite
 
 PROG = "torq-gen-config"
 
@@ -117,11 +118,11 @@ def _cmd_quantize(args) -> int:
 
     model = Path(args.model)
     out = Path(args.output) if args.output else default_output(model)
-    if model.exists() and out.exists() and out.resolve() == model.resolve():
-        raise TorqError(f"--output {out} would overwrite the input model; choose another path")
+    refuse_overwrite(out, "--output", {"--model": model, "--calibration-data": args.calibration_data})
     fp32 = load_model(model)  # validate before the spinner; also the "before" of the summary
     from rich.console import Console
-    with Console(stderr=True).status(f"Calibrating and quantizing {model.name} ..."):
+    from rich.markup import escape
+    with Console(stderr=True).status(f"Calibrating and quantizing {escape(model.name)} ..."):
         q = quantize(model, out, calibration_data=args.calibration_data, num_calib=args.num_calib,
                      per_channel=args.per_channel, full_integer=args.full_integer,
                      quant_format=args.quant_format, quant_dtype=args.quant_dtype,

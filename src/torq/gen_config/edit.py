@@ -1,11 +1,15 @@
 """``torq-gen-config edit``: change recommended executors or tolerances by hand, then rewrite
-``final_report_text`` and the compiler JSON (the report stays the source of truth)."""
+``final_report_text`` and the compiler JSON (the report stays the source of truth).
+
+Each edit is also recorded as data (``ops[id].edit``) so a later ``discover`` keeps it, and it
+is applied to the report on disk under the report lock, so a running discover or run merges it
+instead of overwriting it."""
 from __future__ import annotations
 
 import fnmatch
 
 from ..errors import TorqError
-from . import schema
+from . import schema, store
 from .executors import EXECUTOR_ORDER
 from .view import resolve_report
 
@@ -31,7 +35,8 @@ def register(sub) -> None:
     p.add_argument("--model", "-m", help="model whose report to edit")
     p.add_argument("--output-dir", default=".", help="folder of the report (default: current)")
     p.add_argument("--layer", help="exact id, substring, glob (* ?) or ALL")
-    p.add_argument("--executor", help="nss|css|host|null")
+    p.add_argument("--executor", help="nss|css|host|null, or auto to undo an edit (discover's choice); "
+                                      "an edit is kept by later discovers")
     p.add_argument("--tolerance-avg", type=float, metavar="T", help="set fp_avg_tol of the layers")
     p.add_argument("--tolerance-max", type=float, metavar="T", help="set fp_max_tol of the layers")
     p.add_argument("--list", nargs="?", const="", metavar="FILTER", help="list layer ids (optionally filtered)")
@@ -53,29 +58,46 @@ def cmd_edit(args) -> int:
     executor = None
     if args.executor is not None:
         executor = args.executor.strip().lower()
-        if executor not in (*EXECUTOR_ORDER, "null", "none"):
-            raise TorqError(f"--executor '{args.executor}': choose from {', '.join(EXECUTOR_ORDER)} or null")
+        if executor not in (*EXECUTOR_ORDER, "null", "none", "auto"):
+            raise TorqError(f"--executor '{args.executor}': choose from {', '.join(EXECUTOR_ORDER)}, null "
+                            "or auto (discover's choice)")
     for v, flag in ((args.tolerance_avg, "--tolerance-avg"), (args.tolerance_max, "--tolerance-max")):
         if v is not None and not v >= 0:
             raise TorqError(f"{flag} must be a non-negative number (got {v})")
     ids = match_layers(report, args.layer)
-    for lid in ids:
-        op = report["ops"][lid]
-        if executor is not None:
-            op["recommended_executor"] = None if executor in ("null", "none") else executor
-        if args.tolerance_avg is not None or args.tolerance_max is not None:
-            tol = dict(schema.tolerance(report, lid))
-            if args.tolerance_avg is not None:
-                tol["fp_avg_tol"] = args.tolerance_avg
-            if args.tolerance_max is not None:
-                tol["fp_max_tol"] = args.tolerance_max
-            op["tolerance_used"] = tol
-            for r in op.get("executors", {}).values():
-                r.pop("tolerance_used", None)
-    schema.summarize(report)
-    try:
-        schema.save(report, path)
-    except OSError as e:
-        raise TorqError(f"{path}: cannot write: {e.strerror}") from None
+    tol = {k: v for k, v in (("fp_avg_tol", args.tolerance_avg), ("fp_max_tol", args.tolerance_max)) if v is not None}
+    report = store.update(path, lambda disk: apply_edit(_same(disk, path), ids, executor, tol))
     print(f"edit: {len(ids)} layer(s) changed in {path}; regenerated {schema.compiler_path(path)}")
     return 0
+
+
+def _same(disk: dict | None, path) -> dict:
+    if disk is None:
+        raise TorqError(f"{path}: the report disappeared while editing it")
+    return disk
+
+
+def apply_edit(report: dict, ids: list[str], executor: str | None, tol: dict) -> dict:
+    """Set the layers' executor (``auto``: back to discover's choice) and tolerance, and record
+    both in ``ops[id].edit``, where a later discover finds and keeps them."""
+    for lid in ids:
+        op = report["ops"].get(lid)
+        if op is None:
+            continue                     # removed by a concurrent discover of another model
+        edit = dict(op.get("edit") or {})
+        if executor == "auto":
+            edit.pop("executor", None)
+            op["recommended_executor"] = schema.recommend(op.get("executors", {}))
+        elif executor is not None:
+            edit["executor"] = op["recommended_executor"] = None if executor in ("null", "none") else executor
+        if tol:
+            new = dict(schema.tolerance(report, lid), **tol)
+            edit["tolerance"] = op["tolerance_used"] = new
+            for r in op.get("executors", {}).values():
+                r.pop("tolerance_used", None)
+        if edit:
+            op["edit"] = edit
+        else:
+            op.pop("edit", None)
+    schema.summarize(report)
+    return report

@@ -7,6 +7,7 @@ import contextlib
 @contextlib.contextmanager
 def layer_progress(what: str):
     from rich.console import Console
+    from rich.markup import escape
     from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
                                TimeRemainingColumn)
     console = Console(stderr=True)
@@ -16,5 +17,5 @@ def layer_progress(what: str):
         task = prog.add_task("", total=None)
 
         def update(i: int, n: int, label: str):
-            prog.update(task, completed=i, total=n, description=label[:48])
+            prog.update(task, completed=i, total=n, description=escape(label[:48]))
         yield update

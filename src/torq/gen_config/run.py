@@ -16,7 +16,7 @@ import numpy as np
 
 from ..errors import TorqError
 from . import executors as X
-from . import mapping, partition, schema
+from . import mapping, partition, schema, store
 from .discover import model_and_layers
 from .options import QuantSettings, add_common_args, cache_dir, quant_settings
 
@@ -60,12 +60,27 @@ def assign(report: dict, layers, locations) -> dict[int, str]:
     for lay, (_, loc) in zip(layers, places):
         if lay.id in report["ops"]:
             report["ops"][lay.id]["mlir_location"] = loc or lay.op_type
+    mine = {"ops": {i: report["ops"][i] for i in known}}    # an op id of another model decides nothing
     by_loc = {loc: j for j, (_, loc) in enumerate(locations)}
     out = {}
-    for loc, a in schema.compiler_config(report)["op_assignments"].items():
+    for loc, a in schema.compiler_config(mine)["op_assignments"].items():
         if loc in by_loc:
             out[by_loc[loc]] = a["executor"]
     return out
+
+
+def coverage_note(report: dict, layers) -> str | None:
+    """What ``run`` says when the report does not describe exactly this model's layers."""
+    ids = {lay.id for lay in layers}
+    missing = [lay.id for lay in layers if lay.id not in report["ops"]]
+    ghosts = [i for i in report["ops"] if i not in ids]
+    parts = []
+    if missing and report["ops"]:
+        parts.append(f"the report has {len(ids) - len(missing)} of {len(ids)} layers (the {len(missing)} "
+                     f"missing, e.g. {missing[0]!r}, run on the NSS; was discover interrupted?)")
+    if ghosts:
+        parts.append(f"{len(ghosts)} op id(s) are not layers of this model and are ignored (e.g. {ghosts[0]!r})")
+    return "; ".join(parts) or None
 
 
 def execute(c, segs, inputs: dict, opts: RunOptions, stem: str, log=None) -> tuple[dict, list]:
@@ -180,16 +195,25 @@ def c_nodes(c) -> list:
 
 
 def run_full(opts: RunOptions, log=None) -> tuple[dict, Path]:
-    from ..compiler.pipeline import import_graph
-    from ..runtime import reference
     layers, suffix, q = model_and_layers(opts.model, opts.quant, opts.subgraph)
     path = schema.report_path(opts.output_dir, opts.model.stem, suffix)
+    schema.load(path)                           # no report, or a damaged one: say so first
+    with store.session(path, "run", exclusive=False):
+        return _run(opts, layers, q, path, log)
+
+
+def _run(opts: RunOptions, layers, q, path: Path, log) -> tuple[dict, Path]:
+    from ..compiler.pipeline import import_graph
+    from ..runtime import reference
     report = schema.load(path)
     check_fingerprint(report, opts.quant.fingerprint(opts.model), path)
     c = import_graph(q)                          # node k <-> the full model's k-th torch.operator
     full = X.frontend(q, debug_ir=opts.debug_ir, name=opts.model.stem)
     executor_of = assign(report, layers, full.operator_locations)
-    schema.save(report, path)                    # re-derived locations + compiler JSON
+    note = coverage_note(report, layers)
+    locs = {lid: op["mlir_location"] for lid, op in report["ops"].items() if "mlir_location" in op}
+    used_map = store.map_digest(report)
+    store.update(path, lambda disk: _with_locations(disk or report, locs))   # + compiler JSON
     segs = partition.segments(c_nodes(c), executor_of)
     inputs = reference.random_inputs(q, opts.seed)
     t0 = time.perf_counter()
@@ -203,9 +227,22 @@ def run_full(opts: RunOptions, log=None) -> tuple[dict, Path]:
         by_loc = {op.get("mlir_location"): lid for lid, op in report["ops"].items()}
         names = {j: by_loc.get(loc, f"{op}@{loc}") for j, (op, loc) in enumerate(full.operator_locations)}
         m["first_divergence"] = locate_divergence(c, segs, inputs, opts, names, opts.tolerance_lsb)
-    report["full_model_metrics"] = m
-    schema.save(report, path)
-    return report, path
+    m["executor_map_sha256"] = used_map
+    if note:
+        m["warning"] = note
+
+    def with_metrics(disk):
+        out = _with_locations(disk or report, locs)
+        out["full_model_metrics"] = m            # stale (store) if the map changed meanwhile
+        return out
+    return store.update(path, with_metrics), path
+
+
+def _with_locations(report: dict, locs: dict) -> dict:
+    for lid, loc in locs.items():
+        if lid in report["ops"]:
+            report["ops"][lid]["mlir_location"] = loc
+    return report
 
 
 def register(sub) -> None:
@@ -236,6 +273,12 @@ def cmd_run(args) -> int:
         report, path = run_full(opts, bar)
     if "quantization" not in report:
         print("run: note: the report has no quantization fingerprint (reference tool JSON); flags not checked")
+    m = report["full_model_metrics"]
+    if m.get("warning"):
+        print(f"run: warning: {m['warning']}")
+    if m.get("stale"):
+        print("run: note: the executor map changed while run worked (an edit or a discover); these "
+              "figures are for the map run used: run again for the new one")
     m = report["full_model_metrics"]
     segs = ", ".join(f"{s['executor']} ({s['layers']} layers, {s['runtime_ms']:.1f} ms)" for s in m["segments"])
     print(f"run: {len(m['segments'])} segment(s): {segs}")
