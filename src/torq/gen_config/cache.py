@@ -1,7 +1,7 @@
 """Per-layer results cached by content: the layer's ONNX bytes + every flag that changes a result.
 
 A resumed or repeated ``discover`` finds each layer it has already tested here and neither
-recompiles nor reruns it. Compiled IREE modules are cached next to it (``runtime/iree.py``).
+recompiles nor reruns it. Compiled IREE modules are cached next to it (``gen_config/executors/iree.py``).
 
 The cache holds results, not accidents: only completed verdicts are stored (an error caused by
 the machine -- a full disk, a folder we may not write, a name too long for the file system -- is
@@ -15,7 +15,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from .. import __version__
+from .._version import __version__
 from ..fileio import atomic_write_json
 from .report_check import result_problem
 

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import __version__
+from .._version import __version__
 from ..errors import TorqError
 from ..fileio import refuse_overwrite, safe_name
 from ..workers import WorkerPool, cap_jobs

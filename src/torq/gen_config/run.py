@@ -156,7 +156,7 @@ def _hkey(item):
 def ort_intermediates(c, inputs: dict) -> dict:
     """ONNX Runtime on the canonical model with every node output exposed."""
     import onnx
-    from ..runtime import reference
+    from .. import reference
     m = onnx.shape_inference.infer_shapes(c)
     have = {o.name for o in m.graph.output}
     typed = {v.name: v for v in list(m.graph.value_info)}
@@ -204,7 +204,7 @@ def run_full(opts: RunOptions, log=None) -> tuple[dict, Path]:
 
 def _run(opts: RunOptions, layers, q, path: Path, log) -> tuple[dict, Path]:
     from ..compiler.pipeline import import_graph
-    from ..runtime import reference
+    from .. import reference
     report = schema.load(path)
     check_fingerprint(report, opts.quant.fingerprint(opts.model), path)
     c = import_graph(q)                          # node k <-> the full model's k-th torch.operator
