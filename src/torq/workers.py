@@ -166,8 +166,10 @@ class WorkerPool:
             return
         if msg[0] == "ready":
             w.ready = True
-        elif msg[0] == "error":
-            raise _reraise(msg[1], f"{self.what}: a worker failed to start")
+        elif msg[0] == "error":          # init: what the workers were given cannot be set up
+            e = msg[1]
+            raise e if isinstance(e, TorqError) else TorqError(
+                f"{self.what}: a worker could not start: {type(e).__name__}: {' '.join(str(e).split())[:300]}")
         elif msg[0] == "ok":
             results[msg[1]] = msg[2]
             w.task = None
