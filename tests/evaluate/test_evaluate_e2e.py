@@ -84,7 +84,7 @@ def test_bad_specs_are_one_line_errors(probe_model, tmp_path, capsys):
     _one_line_error(code, err, "needs real calibration images")
     code, _, err = _run(capsys, "--model", str(probe_model), "--dataset", str(TEST),
                         "--calibration-data", str(TEST))
-    _one_line_error(code, err, "calibration data is the evaluation dataset")
+    _one_line_error(code, err, "calibration data shares")
     assert not (tmp_path / "torq_out").exists()
 
 

@@ -88,8 +88,9 @@ def run(args) -> int:
     for flag in ("batch", "jobs", "num_calib"):
         if getattr(args, flag) < 1:
             raise TorqError(f"--{flag.replace('_', '-')} {getattr(args, flag)} must be at least 1")
-    if args.threads < 0:
-        raise TorqError(f"--threads {args.threads} must be at least 0 (0 = every usable core)")
+    for flag in ("threads", "sqnr_images", "calibration_split"):
+        if getattr(args, flag) < 0:
+            raise TorqError(f"--{flag.replace('_', '-')} {getattr(args, flag)} must be at least 0")
     if args.limit is not None and args.limit < 1:
         raise TorqError(f"--limit {args.limit} must be at least 1")
     if not Path(args.model).is_file():

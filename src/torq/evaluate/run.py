@@ -83,6 +83,8 @@ def split(data: Dataset, opts: EvalOptions) -> tuple[Dataset, Dataset]:
     """(evaluation, calibration) datasets; they never share an image."""
     if opts.calibration and opts.calibration_split:
         raise TorqError("give either --calibration-data or --calibration-split, not both")
+    if opts.calibration_split < 0:
+        raise TorqError(f"--calibration-split {opts.calibration_split} must be at least 0")
     if opts.calibration_split:
         n = opts.calibration_split
         if n >= len(data):
@@ -91,9 +93,11 @@ def split(data: Dataset, opts: EvalOptions) -> tuple[Dataset, Dataset]:
         evaluation, calib = data.subset(np.sort(perm[n:])), data.subset(np.sort(perm[:n]))
     elif opts.calibration:
         evaluation, calib = data, load_dataset(opts.calibration, labelled=False)
-        if calib.name == data.name:
-            raise TorqError("the calibration data is the evaluation dataset; calibration images must never "
-                            "be evaluated (use --calibration-split N)")
+        shared = calib.sources() & data.sources()
+        if shared:
+            raise TorqError(f"the calibration data shares {len(shared)} image file(s) with the evaluation dataset "
+                            f"(e.g. {sorted(shared)[0]}); calibration images must never be evaluated "
+                            "(use --calibration-split N)")
     else:
         raise TorqError("evaluate needs real calibration images: --calibration-data SPEC or "
                         "--calibration-split N")
@@ -112,8 +116,11 @@ def prepare(model_path, data: Dataset, calib: Dataset, opts: EvalOptions):
     from ..quantize import quantize
     from ..quantize.dead_channels import zero_dead_channels
     from ..quantize.fold import fold_fp32
+    from ..quantize import memory_bound
     fp32 = fold_fp32(load_model(model_path))
     name, shape = input_shape(fp32)
+    memory_bound.check(fp32, min(opts.num_calib, len(calib)), str(model_path), "--num-calib")
+    memory_bound.check(fp32, opts.batch, str(model_path), "--batch")
     reader = DatasetReader(calib, opts.preprocess, shape, name, opts.num_calib)
     to_quantize, _ = zero_dead_channels(fp32)    # the FP32 path keeps the model as given
     if opts.equalize:

@@ -213,6 +213,9 @@ def quantize(model: str | os.PathLike | onnx.ModelProto, output: str | os.PathLi
         raise TorqError(f"{where}: model is already quantized (it has QuantizeLinear/DequantizeLinear, "
                         "QLinear* ops or int8 weights/IO); pass the fp32 model")
     fmt = resolve_format(src, quant_format)
+    if calibration_data_reader is None:        # (a caller's reader knows its own sizes)
+        from .memory_bound import check as check_memory
+        check_memory(src, num_calib, where, "--num-calib")
     reader = make_reader(src, calibration_data_reader=calibration_data_reader,
                          calibration_data=calibration_data, num_calib=num_calib)
     if equalize:      # BN folded first (else no Conv → Conv pairs); BN dust zeroed (see dead_channels)
