@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import threading
 import warnings
 from typing import Callable
 
@@ -30,11 +32,29 @@ def quiet_native_logs() -> None:
     ort.set_default_logger_severity(4)
 
 
+class Terminated(BaseException):
+    """SIGTERM, raised where the program is, so every ``with`` block cleans up (temp folders)."""
+
+
+def _on_sigterm(signum, frame):
+    raise Terminated
+
+
 def run_main(prog: str, fn: Callable[[], int | None]) -> int:
     """Run a CLI body; TorqError -> 'prog: error: msg' on stderr, exit 2.
 
     Set TORQ_DEBUG=1 to see tracebacks of unexpected failures."""
     quiet_native_logs()
+    main = threading.current_thread() is threading.main_thread()
+    before = signal.signal(signal.SIGTERM, _on_sigterm) if main else None
+    try:
+        return _run(prog, fn)
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, before)
+
+
+def _run(prog: str, fn) -> int:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", RuntimeWarning)    # numpy: overflow, invalid value, ...
@@ -54,6 +74,9 @@ def run_main(prog: str, fn: Callable[[], int | None]) -> int:
     except KeyboardInterrupt:
         _say(f"{prog}: interrupted")
         return 130
+    except Terminated:
+        _say(f"{prog}: terminated")
+        return 143
     except Exception as e:  # a bug: still one line unless debugging
         if os.environ.get("TORQ_DEBUG"):
             raise

@@ -95,6 +95,7 @@ def compile(model, debug_ir: str | os.PathLike | None = None, name: str | None =
     name = safe_name(name)
     where, model = (str(model) if isinstance(model, (str, os.PathLike)) else "model"), load_model(model)
     validate(model, where)             # attribute values torch-mlir would trust blindly
+    io_quant = io_quant_params(model)  # (malformed metadata: a one-line error now, not later)
     original = model
     model, u8_in, u8_out, shifted = signedness.to_int8(import_graph(model))
     model.graph.name = func_name(model.graph.name)
@@ -120,7 +121,7 @@ def compile(model, debug_ir: str | os.PathLike | None = None, name: str | None =
     program, why = None, None
     try:
         program = emit_program(module, report.unsupported, onnx_ops, ins, outs, u8_in, u8_out,
-                               io_quant_params(original), recorded)
+                               io_quant, recorded)
     except TorqError as e:
         why = str(e)
     t4 = time.perf_counter()

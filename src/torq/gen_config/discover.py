@@ -119,7 +119,7 @@ def select_layers(fp32, subgraph):
 def _layer_index(layers, selector: str, flag: str) -> int:
     """A non-Constant node index, a layer id, a node name or an output tensor name."""
     sel = str(selector)
-    if sel.isdigit():
+    if sel.isascii() and sel.isdigit():
         if int(sel) >= len(layers):
             raise TorqError(f"{flag} {sel}: out of range (the model has {len(layers)} layers)")
         return int(sel)

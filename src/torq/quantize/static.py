@@ -244,9 +244,10 @@ def quantize(model: str | os.PathLike | onnx.ModelProto, output: str | os.PathLi
         _rewind(reader)
         q = wrap_in_qdq(src, reader, method, activation_type.tensor_type)
     if not is_quantized(q):
-        raise TorqError(f"{where}: ONNX Runtime quantized nothing with --quant-format "
-                        f"{parse_quant_format(quant_format)} (none of its ops has an int8 form "
-                        "in that format); try --quant-format qdq")
+        used = parse_quant_format(quant_format)
+        hint = "; try --quant-format qdq" if used != "qdq" else " (ONNX Runtime has no int8 form for any of its ops)"
+        raise TorqError(f"{where}: ONNX Runtime quantized nothing with --quant-format {used} (none of its "
+                        f"ops has an int8 form in that format){hint}")
     if exact_scales and fmt == QuantFormat.QDQ:
         from .exact_scales import exact_scales as move_to_exact_scales
         q = move_to_exact_scales(q, src)
