@@ -23,6 +23,7 @@ from ..errors import TorqError
 from ..program import Program, Step, np_dtype
 from .kernels.blas import single_thread_run
 from .movement import DATA_MOVEMENT
+from .float_ops import FLOAT_OPS, is_float_step
 from .ops import OPS
 
 ROUNDING_MODES = ("native", "ort")
@@ -54,7 +55,9 @@ class Simulator:
     @staticmethod
     def _bind(st: Step) -> _Kernel:
         rtype = np_dtype(st.dtype)
-        if st.op.startswith("torq_hl."):
+        if is_float_step(st):
+            make = FLOAT_OPS[st.op[8:]]
+        elif st.op.startswith("torq_hl."):
             make = OPS.get(st.op[8:])
         else:
             make = DATA_MOVEMENT.get(st.op)
