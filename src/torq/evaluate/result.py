@@ -76,8 +76,10 @@ class EvalResult:
             return
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
         from rich.console import Console
+        console = Console(stderr=True)
         with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
-                      TimeRemainingColumn(), console=Console(stderr=True), transient=True) as bar:
+                      TimeRemainingColumn(), console=console, transient=True,
+                      disable=not console.is_terminal) as bar:
             task = bar.add_task(what, total=total)
             yield lambda n: bar.advance(task, n)
 

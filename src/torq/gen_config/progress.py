@@ -13,7 +13,7 @@ def layer_progress(what: str):
     console = Console(stderr=True)
     with Progress(TextColumn(f"{what}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
                   TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=console,
-                  transient=True) as prog:
+                  transient=True, disable=not console.is_terminal) as prog:   # (logs: no stray lines)
         task = prog.add_task("", total=None)
 
         def update(i: int, n: int, label: str):

@@ -73,7 +73,8 @@ def session(path: Path, who: str, exclusive: bool):
         if exclusive:
             os.ftruncate(fd, 0)
             _remove_stale_temps(path)
-        os.pwrite(fd, note.ljust(64), 0)
+        with contextlib.suppress(OSError):      # (a full disk: the note is only informative)
+            os.pwrite(fd, note.ljust(64), 0)
         yield
     finally:
         if _try_lock(fd, fcntl.LOCK_EX, 0):
