@@ -72,7 +72,7 @@ def _state_problems(outcome, cmd: str) -> list[str]:
 
 def test_cache_mutants(base, tmp_path):
     root, ref = base
-    findings = []
+    findings, tally = [], {}
     for i in cases():
         rng = np.random.default_rng(BASE_SEED + 10_000 + i)
         case = tmp_path / f"case{i}"
@@ -92,8 +92,10 @@ def test_cache_mutants(base, tmp_path):
                 problems.append("run's result differs from the reference")
         elif outcome.code is not None:
             problems.append(f"exit {outcome.code} on a damaged cache (it must be recomputed)")
+        _count(tally, outcome)
         if problems:
             findings.append(f"cache case {i} [{cmd}] {what}: {', '.join(problems)} | {_tail(outcome)}")
+    print(f"state fuzz (cache): {len(list(cases()))} cases, {tally}, {len(findings)} findings")
     assert not findings, "\n".join(findings)
 
 
@@ -104,7 +106,7 @@ COMMANDS = [["view"], ["view", "--html", "v.html"], ["view", "--layer", "Softmax
 
 def test_report_mutants(base, tmp_path):
     root, _ = base
-    findings = []
+    findings, tally = [], {}
     for i in cases():
         rng = np.random.default_rng(BASE_SEED + 20_000 + i)
         case = tmp_path / f"case{i}"
@@ -131,8 +133,10 @@ def test_report_mutants(base, tmp_path):
             except TorqError as e:
                 if cmd[0] not in ("view",):
                     problems.append(f"left an unreadable report ({e})")
+        _count(tally, outcome)
         if problems:
             findings.append(f"report case {i} [{' '.join(cmd)}] {what}: {', '.join(problems)} | {_tail(outcome)}")
+    print(f"state fuzz (report): {len(list(cases()))} cases, {tally}, {len(findings)} findings")
     assert not findings, "\n".join(findings)
 
 
@@ -167,7 +171,7 @@ def test_program_mutants(tmp_path):
     with np.load(path) as z:
         arrays = {k: z[k] for k in z.files}
     manifest = json.loads(bytes(arrays.pop("__manifest__")).decode())
-    findings = []
+    findings, tally = [], {}
     for i in cases():
         rng = np.random.default_rng(BASE_SEED + 30_000 + i)
         case = tmp_path / f"case{i}"
@@ -180,9 +184,16 @@ def test_program_mutants(tmp_path):
         problems = judge(outcome, "torq-program")
         if outcome.code == 0 and "different" in outcome.stdout and not reseal:
             problems.append("a tampered program ran with different outputs (the checksum did not refuse it)")
+        _count(tally, outcome)
         if problems:
             findings.append(f"program case {i} {what} (resealed {reseal}): {', '.join(problems)} | {_tail(outcome)}")
+    print(f"state fuzz (program): {len(list(cases()))} cases, {tally}, {len(findings)} findings")
     assert not findings, "\n".join(findings)
+
+
+def _count(tally: dict, outcome) -> None:
+    key = "ok" if outcome.code == 0 else "error" if outcome.code == 2 else f"exit {outcome.code}"
+    tally[key] = tally.get(key, 0) + 1
 
 
 def _tail(outcome) -> str:
