@@ -60,16 +60,29 @@ class CompiledModel:
         return self._program
 
     def feed(self, inputs: dict) -> list:
-        """Inputs in function order; uint8 activations shifted to the int8 the module computes with."""
+        """Inputs in function order for the linalg module (IREE): uint8 activations shifted to the
+        int8 the module computes with, bf16 inputs rounded and typed ``ml_dtypes.bfloat16``."""
         missing = [n for n in self.input_names if n not in inputs]
         if missing:
             raise TorqError(f"missing input(s): {', '.join(missing)}")
-        return [numerics.uint8_to_int8(inputs[n]) if n in self.uint8_inputs else np.asarray(inputs[n])
-                for n in self.input_names]
+        bf16 = _bf16_inputs(self.model)
+        return [numerics.uint8_to_int8(inputs[n]) if n in self.uint8_inputs else
+                _as_bfloat16(inputs[n]) if n in bf16 else np.asarray(inputs[n]) for n in self.input_names]
 
     def fetch(self, outs: list) -> dict:
-        return {n: numerics.int8_to_uint8(o) if n in self.uint8_outputs else o
+        """Outputs by name: uint8 shifted back, bf16 (``ml_dtypes.bfloat16``) as float32 values."""
+        return {n: numerics.int8_to_uint8(o) if n in self.uint8_outputs else
+                np.asarray(o, np.float32) if np.asarray(o).dtype.name == "bfloat16" else o
                 for n, o in zip(self.output_names, outs)}
+
+
+def _bf16_inputs(model) -> set:
+    return {v.name for v in model.graph.input if v.type.tensor_type.elem_type == onnx.TensorProto.BFLOAT16}
+
+
+def _as_bfloat16(x):
+    import ml_dtypes
+    return numerics.to_bf16(np.asarray(x, np.float32)).astype(ml_dtypes.bfloat16)
 
 
 def _graph_io(model):

@@ -47,6 +47,7 @@ class DiscoverOptions:
     argv: list = field(default_factory=list)
     jobs: int = 1
     fresh: bool = False
+    save_bf16_model: str | None = None
 
 
 @dataclass
@@ -71,6 +72,9 @@ def model_and_layers(model_path: Path, quant: QuantSettings, subgraph=(None, Non
 
     def build():
         base = extract_segment(fp32, [lay.node_index for lay in layers]) if suffix else fp32
+        if quant.auto_convert_bf16:
+            from ..graph.bf16 import convert_to_bf16
+            return convert_to_bf16(base)
         if not quant.quantize:
             return base
         from ..quantize import quantize
@@ -142,6 +146,10 @@ def run_discovery(opts: DiscoverOptions, progress=None) -> tuple[dict, Path]:
     stem = opts.model.stem
     check_output_dir(opts.output_dir)
     layers, suffix, build_full = model_and_layers(opts.model, opts.quant, opts.subgraph, lazy=True)
+    if opts.save_bf16_model:
+        from ..fileio import save_model
+        refuse_overwrite(opts.save_bf16_model, "--save-bf16-model", {"--model": opts.model})
+        save_model(build_full(), Path(opts.save_bf16_model))
     path = schema.report_path(opts.output_dir, stem, suffix)
     refuse_overwrite(path, "--output-dir", {"--model": opts.model, "--calibration-data": opts.quant.calibration_data})
     with store.session(path, "discover", exclusive=True):
@@ -156,7 +164,8 @@ def _discover(opts: DiscoverOptions, layers, build_full, path: Path, progress) -
     plan = _plan(ctx, layers)
     tested = [lay for lay, why in zip(layers, plan) if why == "test"]
     calib = _layer_calibration(opts, tested)
-    qkey = dict(report["quantization"], model_sha256=None) if opts.quant.quantize else None
+    qkey = dict(report["quantization"], model_sha256=None) if opts.quant.quantize else \
+        {"auto_convert_bf16": True} if opts.quant.auto_convert_bf16 else None
     work = [(opts, lay, schema.tolerance(report, lay.id), calib.get(lay.id), qkey) for lay in tested]
     with _results(opts, work) as results:
         for i, (layer, (k, loc), why) in enumerate(zip(layers, places, plan)):
@@ -361,6 +370,8 @@ def register(sub) -> None:
                    help="start a new report even if the existing one was made with other flags or is "
                         "damaged (it is kept as <report>.json.bak); without it discover merges into the "
                         "existing report and keeps its edits")
+    p.add_argument("--save-bf16-model", metavar="PATH",
+                   help="with --auto-convert-bf16: also write the converted bf16 model (ONNX) to PATH")
     p.set_defaults(func=cmd_discover)
 
 
@@ -373,14 +384,18 @@ def options_from_args(args) -> DiscoverOptions:
     if not model.is_file():
         raise TorqError(f"--model {model}: no such file")
     timing = args.collect_timing or args.recommend_by_timing
+    quant = quant_settings(args)
+    if args.save_bf16_model and not quant.auto_convert_bf16:
+        raise TorqError("--save-bf16-model needs --auto-convert-bf16")
     return DiscoverOptions(
-        model=model, output_dir=Path(args.output_dir), quant=quant_settings(args), skip_mode=args.skip_mode,
+        model=model, output_dir=Path(args.output_dir), quant=quant, skip_mode=args.skip_mode,
         skip_executors=parse_executors(args.skip_executors, "--skip-executors"),
         skip_ops=[s.strip() for s in (args.skip_ops or "").split(",") if s.strip()],
         dedup=args.dedup_layers, timing_runs=args.timing_runs if timing else 0,
         recommend_by_timing=args.recommend_by_timing, subgraph=(args.subgraph_from, args.subgraph_to),
         recompute_cache=args.recompute_cache, debug_ir=args.debug_ir, repro_dir=args.repro_dir,
-        rounding=args.rounding, argv=getattr(args, "argv", sys.argv[1:]), jobs=args.jobs, fresh=args.fresh)
+        rounding=args.rounding, argv=getattr(args, "argv", sys.argv[1:]), jobs=args.jobs, fresh=args.fresh,
+        save_bf16_model=args.save_bf16_model)
 
 
 def cmd_discover(args) -> int:
