@@ -41,6 +41,7 @@ from ..fileio import save_model
 from ..graph.fold import fold_constant_identities
 from ..graph.load import is_quantized, load_model
 from ..graph.validate import validate
+from . import memory_bound
 from .calibration import make_reader
 from .full_integer import convert_to_full_integer
 
@@ -214,8 +215,7 @@ def quantize(model: str | os.PathLike | onnx.ModelProto, output: str | os.PathLi
                         "QLinear* ops or int8 weights/IO); pass the fp32 model")
     fmt = resolve_format(src, quant_format)
     if calibration_data_reader is None:        # (a caller's reader knows its own sizes)
-        from .memory_bound import check as check_memory
-        check_memory(src, num_calib, where, "--num-calib")
+        memory_bound.check(src, num_calib, where, "--num-calib")
     reader = make_reader(src, calibration_data_reader=calibration_data_reader,
                          calibration_data=calibration_data, num_calib=num_calib)
     if equalize:      # BN folded first (else no Conv → Conv pairs); BN dust zeroed (see dead_channels)
