@@ -32,6 +32,9 @@ def quiet_native_logs() -> None:
     ort.set_default_logger_severity(4)
 
 
+TERMINATED = 143
+
+
 class Terminated(BaseException):
     """SIGTERM, raised where the program is, so every ``with`` block cleans up (temp folders)."""
 
@@ -48,10 +51,13 @@ def run_main(prog: str, fn: Callable[[], int | None]) -> int:
     main = threading.current_thread() is threading.main_thread()
     before = signal.signal(signal.SIGTERM, _on_sigterm) if main else None
     try:
-        return _run(prog, fn)
+        code = _run(prog, fn)
     finally:
         if main:
             signal.signal(signal.SIGTERM, before)
+    if code == TERMINATED and main:          # cleaned up: now end as SIGTERM asked
+        os.kill(os.getpid(), signal.SIGTERM)
+    return code
 
 
 def _run(prog: str, fn) -> int:
@@ -76,7 +82,7 @@ def _run(prog: str, fn) -> int:
         return 130
     except Terminated:
         _say(f"{prog}: terminated")
-        return 143
+        return TERMINATED
     except Exception as e:  # a bug: still one line unless debugging
         if os.environ.get("TORQ_DEBUG"):
             raise
