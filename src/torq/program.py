@@ -77,6 +77,7 @@ class Program:
     constants: dict[int, np.ndarray] = field(default_factory=dict)
     n_slots: int = 0
     source: str | None = field(default=None, compare=False)   # the file it was loaded from
+    cache_key: str | None = field(default=None, compare=False)  # the cache key it was saved under
 
     # -- graph I/O
     def feed(self, inputs: dict) -> list[np.ndarray]:
@@ -106,8 +107,9 @@ class Program:
         return {p.name: numerics.int8_to_uint8(o) if p.uint8 else o for p, o in zip(self.outputs, outs)}
 
     # -- serialisation
-    def save(self, path: str | os.PathLike) -> Path:
-        """Write the program as one .npz file (temp file + rename: never half-written)."""
+    def save(self, path: str | os.PathLike, cache_key: str | None = None) -> Path:
+        """Write the program as one .npz file (temp file + rename: never half-written).
+        ``cache_key``: what a cache files it under (checked on load, so a moved file is refused)."""
         arrays: dict[str, np.ndarray] = {}
 
         def put(v):
@@ -124,7 +126,7 @@ class Program:
             return v
 
         manifest = {
-            "n_slots": self.n_slots,
+            "cache_key": cache_key, "n_slots": self.n_slots,
             "inputs": [_port_json(p) for p in self.inputs], "outputs": [_port_json(p) for p in self.outputs],
             "constants": {str(k): put(np.asarray(v)) for k, v in self.constants.items()},
             "steps": [{"op": s.op, "args": list(s.args), "out": s.out, "shape": list(s.shape), "dtype": s.dtype,
@@ -145,6 +147,7 @@ class Program:
         except program_file.Damaged as e:
             raise TorqError(f"{path}: damaged torq program ({e}); recompile the model") from None
         program.source = str(path)
+        program.cache_key = manifest.get("cache_key")
         return program
 
 

@@ -103,12 +103,16 @@ def test_damaged_layer_maps_are_recomputed(reference, cache, tmp_path, damage): 
     assert code == 0 and ops == reference[2]
 
 
-@pytest.mark.parametrize("damage", ["truncated", "garbage", "zeroed"])
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "zeroed", "swapped"])
 def test_damaged_iree_modules_are_rebuilt(reference, cache, tmp_path, damage):      # B14
     shutil.rmtree(cache / "results")
     modules = sorted((cache / "iree").glob("*.vmfb"))
-    assert modules
-    for m in modules:
+    assert len(modules) >= 2
+    if damage == "swapped":                  # each intact, each under the other's key
+        a, b = modules[0].read_bytes(), modules[1].read_bytes()
+        modules[0].write_bytes(b)
+        modules[1].write_bytes(a)
+    for m in modules if damage != "swapped" else []:
         data = m.read_bytes()
         m.write_bytes({"truncated": data[:1000], "garbage": os.urandom(len(data)),
                        "zeroed": bytes(len(data))}[damage])

@@ -38,11 +38,11 @@ _SEAL = b"torq-vmfb-sha256:"
 def compile_vmfb(linalg_text: str, backend: str, cache_dir: str | Path | None = None) -> bytes:
     """linalg MLIR text -> IREE flatbuffer for ``backend`` (vmvx | llvm-cpu), cached by content.
 
-    A cached module carries the sha256 of its bytes (a trailer); a damaged one is recompiled and
-    rewritten, and a cache we cannot write only costs speed."""
+    A cached module carries the sha256 of its key and bytes (a trailer); a damaged or misplaced
+    one is recompiled and rewritten, and a cache we cannot write only costs speed."""
     key = hashlib.sha256(f"{_compiler_version()}|{backend}|".encode() + linalg_text.encode()).hexdigest()
     path = Path(cache_dir) / "iree" / f"{key}.vmfb" if cache_dir else None
-    cached = _read_sealed(path) if path is not None else None
+    cached = _read_sealed(path, key) if path is not None else None
     if cached is not None:
         return cached
     import iree.compiler as ic
@@ -54,7 +54,7 @@ def compile_vmfb(linalg_text: str, backend: str, cache_dir: str | Path | None = 
         raise IreeCompileError(f"IREE {backend} compile failed: {_first_error(str(e)) or type(e).__name__}") from None
     if path is not None:
         try:
-            atomic_write_bytes(path, vmfb + _SEAL + hashlib.sha256(vmfb).hexdigest().encode())
+            atomic_write_bytes(path, vmfb + _SEAL + _seal(key, vmfb))
         except OSError:
             pass
     return vmfb
@@ -78,13 +78,18 @@ def _first_error(log: str) -> str:
     return ""
 
 
-def _read_sealed(path: Path) -> bytes | None:
+def _seal(key: str, body: bytes) -> bytes:
+    """sha256 of the module *and* its cache key: a module moved under another key is refused."""
+    return hashlib.sha256(key.encode() + b"|" + body).hexdigest().encode()
+
+
+def _read_sealed(path: Path, key: str) -> bytes | None:
     try:
         data = path.read_bytes()
     except OSError:
         return None
     body, sep, digest = data.rpartition(_SEAL)
-    if not sep or hashlib.sha256(body).hexdigest().encode() != digest:
+    if not sep or _seal(key, body) != digest:
         return None
     return body
 
