@@ -140,3 +140,37 @@ def test_a_broken_temp_folder_stops_discover_and_caches_nothing_false(reference,
     monkeypatch.delenv("TMPDIR")
     code, ops, _ = rediscover(reference, tmp_path)
     assert code == 0 and ops == reference[2]
+
+
+@pytest.fixture()
+def full_disk(tmp_path):
+    """A 48 KiB tmpfs, filled (needs the right to mount: root in a container; else skipped)."""
+    import subprocess
+    d = tmp_path / "full"
+    d.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48k", "tmpfs", str(d)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        (d / "fill").write_bytes(bytes(40 << 10))
+        yield d
+    finally:
+        subprocess.run(["umount", str(d)], capture_output=True)
+
+
+@pytest.mark.parametrize("where", ["output", "cache", "TMPDIR"])
+def test_a_full_disk_is_one_line_and_caches_nothing(reference, cache, tmp_path, monkeypatch, capsys,
+                                                    full_disk, where):           # B2, B30
+    shutil.rmtree(cache / "iree")
+    shutil.rmtree(cache / "results")
+    out = full_disk if where == "output" else tmp_path / "o"
+    if where == "cache":
+        monkeypatch.setenv("TORQ_GEN_CONFIG_CACHE_DIR", str(full_disk))
+    if where == "TMPDIR":
+        monkeypatch.setenv("TMPDIR", str(full_disk))
+    assert cli("discover", "--model", reference[0], "--output-dir", out, *Q) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and ("No space left" in err or "MiB free" in err), err
+    monkeypatch.setenv("TORQ_GEN_CONFIG_CACHE_DIR", str(cache))
+    monkeypatch.delenv("TMPDIR", raising=False)
+    code, ops, _ = rediscover(reference, tmp_path)
+    assert code == 0 and ops == reference[2]
