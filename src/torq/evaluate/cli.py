@@ -106,12 +106,31 @@ def run(args) -> int:
                        sqnr_images=args.sqnr_images, onnx_reference=args.onnx_reference,
                        jobs=args.jobs, threads=args.threads, ray=args.ray, rounding=args.rounding,
                        exact_scales=args.exact_scales)
+    _check_outputs(args)
     if args.precision == "bf16":
         from .bf16_run import evaluate_bf16
         result = evaluate_bf16(args.model, args.dataset, opts)
     else:
         result = evaluate(args.model, args.dataset, options=opts)
     print(result.markdown())
-    for path in result.write(args.output_dir):
+    try:
+        written = result.write(args.output_dir)
+    except OSError as e:
+        raise TorqError(f"--output-dir {args.output_dir}: cannot write: {e.strerror or type(e).__name__}") from None
+    for path in written:
         print(f"wrote {path}")
     return 0
+
+
+OUTPUTS = ("evaluation.json", "evaluation.md", "sqnr.png", "lsb_hist.png")
+
+
+def _check_outputs(args) -> None:
+    """Before any work: --output-dir is a folder, and none of the files written there is an input."""
+    from ..fileio import refuse_overwrite
+    out = Path(args.output_dir)
+    if out.exists() and not out.is_dir():
+        raise TorqError(f"--output-dir {out}: is a file, not a folder")
+    inputs = {"--model": args.model, "--dataset": args.dataset, "--calibration-data": args.calibration_data}
+    for name in OUTPUTS:
+        refuse_overwrite(out / name, "--output-dir", inputs)
