@@ -17,11 +17,14 @@ from __future__ import annotations
 import os
 import pickle
 import signal
+import time
 from multiprocessing.connection import wait
 
 from .errors import HostProblem, TorqError
 
 START_TIMEOUT_S = 900        # a worker that neither starts nor dies (init hung) within this
+TASK_TIMEOUT_S = float(os.environ.get("TORQ_TASK_TIMEOUT_S", 3600))   # a task that neither ends nor
+                                                                       # dies in this is killed
 
 
 def usable_cores() -> int:
@@ -91,6 +94,8 @@ class _Worker:
         child.close()
         self.ready = False
         self.task = None                 # index of the task it holds
+        self.started = 0.0               # when it got that task
+        self.hung = False
 
 
 class WorkerPool:
@@ -135,23 +140,32 @@ class WorkerPool:
         while nxt < len(tasks):
             for w in list(self.workers):
                 if w.ready and w.task is None and pending:
-                    w.task = pending.pop(0)
+                    w.task, w.started = pending.pop(0), time.monotonic()
                     try:
                         w.conn.send((w.task, fn, tasks[w.task]))
                     except OSError:      # it died after its last answer
                         self._died(w, tasks, tries, label, pending)
-            self._step(tasks, results, tries, label, pending=pending)
+            self._step(tasks, results, tries, label, pending=pending, timeout=self._next_deadline())
             while nxt in results:
                 yield results.pop(nxt)
                 nxt += 1
+
+    def _next_deadline(self) -> float | None:
+        """Seconds until the longest-running task reaches TASK_TIMEOUT_S (None: nothing runs)."""
+        started = [w.started for w in self.workers if w.task is not None]
+        return max(0.0, min(started) + TASK_TIMEOUT_S - time.monotonic()) if started else None
 
     def _step(self, tasks, results, tries, label, pending=None, timeout=None) -> None:
         busy = [w for w in self.workers if w.task is not None or not w.ready]
         if not busy:
             return
         ready = wait([w.conn for w in busy] + [w.proc.sentinel for w in busy], timeout)
-        if not ready:
+        if not ready and pending is None:
             raise HostProblem(f"{self.what}: a worker process did not start within {timeout} s")
+        for w in busy:                   # a task past its time: its worker is killed (a death)
+            if w.task is not None and time.monotonic() - w.started >= TASK_TIMEOUT_S:
+                w.hung = True
+                w.proc.kill()
         for w in busy:
             if w.conn in ready or w.proc.sentinel in ready:
                 self._receive(w, tasks, results, tries, label, pending)
@@ -185,8 +199,10 @@ class WorkerPool:
         task = w.task
         tries[task] = tries.get(task, 0) + 1
         if tries[task] > 1:
-            raise HostProblem(f"{self.what}: a worker process died twice ({why}, e.g. the OOM killer) "
-                              f"while {label(tasks[task])}; free memory or use fewer --jobs")
+            what = (f"took longer than {TASK_TIMEOUT_S:.0f} s (TORQ_TASK_TIMEOUT_S) twice" if w.hung else
+                    f"died twice ({why}, e.g. the OOM killer)")
+            raise HostProblem(f"{self.what}: a worker process {what} while {label(tasks[task])}; "
+                              "free memory or use fewer --jobs")
         pending.insert(0, task)          # retried once, first, on a fresh worker
         self.workers[self.workers.index(w)] = _Worker(self.ctx, self.init, self.initargs)
         w.conn.close()

@@ -105,3 +105,17 @@ def test_discover_survives_a_killed_worker(tmp_path, monkeypatch):
     r = json.loads((tmp_path / "torq_gen_config_example.json").read_text())
     assert killed and len(r["ops"]) == 11
     assert all(op["recommended_executor"] == "nss" for op in r["ops"].values())
+
+
+def sleep_forever(x):
+    if x == 1:
+        time.sleep(3600)
+    return x
+
+
+def test_a_task_that_never_ends_is_killed_and_named(monkeypatch):
+    import torq.workers as W
+    monkeypatch.setattr(W, "TASK_TIMEOUT_S", 3.0)
+    with pytest.raises(HostProblem, match="longer than 3 s .* twice while testing layer 1"), \
+            WorkerPool(2, what="discover") as pool:
+        list(pool.map(sleep_forever, range(3), label=lambda x: f"testing layer {x}"))
