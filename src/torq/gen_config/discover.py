@@ -232,8 +232,8 @@ def _work(args):
 
 def _start_report(path: Path, stem: str, opts: DiscoverOptions) -> dict:
     """The existing report for the same model and flags, to merge into (its edits are kept);
-    a new one when there is none. A report of other flags, or a damaged one, is refused unless
-    ``--fresh`` (then it is kept as ``<report>.bak``)."""
+    a new one when there is none or with ``--fresh`` (the old one kept as ``<report>.json.bak``).
+    A report of other flags, or a damaged one, is refused unless ``--fresh``."""
     fingerprint = opts.quant.fingerprint(opts.model)
     try:
         old = store.read(path)
@@ -243,8 +243,9 @@ def _start_report(path: Path, stem: str, opts: DiscoverOptions) -> dict:
     if why is not None and not opts.fresh:
         raise TorqError(f"{path} exists and {why}; discover will not replace it: pass --fresh to start "
                         f"over (the old report is kept as {path.name}.bak), or use another --output-dir")
-    if why is not None:
-        store.backup(path)
+    if opts.fresh and path.exists():
+        with store.write_lock(path):
+            store.backup(path)
         old = None
     if old is None:
         return schema.new_report(stem, fingerprint)
@@ -367,9 +368,9 @@ def register(sub) -> None:
                    help="test layers in N worker processes (default 1; at most one per core and per layer; "
                         "results and files are identical)")
     p.add_argument("--fresh", "--force", action="store_true",
-                   help="start a new report even if the existing one was made with other flags or is "
-                        "damaged (it is kept as <report>.json.bak); without it discover merges into the "
-                        "existing report and keeps its edits")
+                   help="start a new report (the existing one, even of other flags or damaged, is kept as "
+                        "<report>.json.bak); without it discover merges into the existing report and keeps "
+                        "its edits")
     p.add_argument("--save-bf16-model", metavar="PATH",
                    help="with --auto-convert-bf16: also write the converted bf16 model (ONNX) to PATH")
     p.set_defaults(func=cmd_discover)
