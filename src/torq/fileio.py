@@ -1,4 +1,5 @@
 """Every file torq writes: complete or absent, never onto an input, never outside its folder.
+May import: torq.errors.
 
 * ``atomic_write_*``: temp file + rename, created with the user's umask (a replaced file keeps
   its mode); a symlink at the destination is replaced, never followed.

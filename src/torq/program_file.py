@@ -1,5 +1,6 @@
 """A Program on disk: one ``.npz`` (every array under its own key + a JSON ``__manifest__``),
 checked whole before anything in it is trusted.
+May import: torq.errors (never the compiler, MLIR or ONNX Runtime).
 
 ``Program.load`` refuses, in one line naming the file, anything ``Program.save`` would not have
 written: another format or version, a manifest of the wrong shape, an array missing, of another

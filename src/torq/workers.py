@@ -1,4 +1,5 @@
 """Worker processes that may die (the OOM killer, a native crash): noticed, retried, reported.
+May import: torq.errors.
 
 ``WorkerPool(jobs, init, initargs)`` starts ``jobs`` spawned processes (fresh interpreters: MLIR
 contexts and numba/BLAS threads do not survive fork), each running ``init(*initargs)`` once.

@@ -15,7 +15,7 @@ import numpy as np
 import onnx
 
 from .. import numerics
-from ..errors import HostProblem, TorqError
+from ..errors import HostProblem, TorqError, one_line
 from ..fileio import atomic_write_text, inside, safe_name
 from ..graph.io_quant import io_quant_params
 from ..graph.load import load_model
@@ -93,7 +93,7 @@ def _graph_io(model):
 def import_graph(model: onnx.ModelProto) -> onnx.ModelProto:
     """The ONNX graph whose k-th non-Constant node is the k-th imported torch.operator: batch 1
     (compiler/frontend/specialise.py), contrib ops in standard form, shape arithmetic folded and constant-index
-    Gathers as slices (graph/shapes.py). `gen_config run` partitions this same graph.
+    Gathers as slices (compiler/frontend/fold_shapes.py). `gen_config run` partitions this same graph.
 
     A bf16 model goes through as its exact fp32 twin (the ONNX checker rejects bf16 Conv at the
     opsets models use; see graph/bf16.py) and is retyped bf16 at the end."""
@@ -101,6 +101,12 @@ def import_graph(model: onnx.ModelProto) -> onnx.ModelProto:
         return convert_to_bf16(import_graph(to_fp32(model)))
     model = canonicalize(specialise_dynamic_dims(model))
     return slice_constant_gathers(fold_shape_arithmetic(model))
+
+
+def front_end(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str], list[str], bool]:
+    """The ONNX model exactly as the importer receives it (`import_graph`, then uint8 made
+    int8), with the uint8 input / output names and whether activations were shifted."""
+    return signedness.to_int8(import_graph(model))
 
 
 def compile(model, debug_ir: str | os.PathLike | None = None, name: str | None = None) -> CompiledModel:  # noqa: A001
@@ -116,7 +122,7 @@ def compile(model, debug_ir: str | os.PathLike | None = None, name: str | None =
     validate(model, where)             # attribute values torch-mlir would trust blindly
     io_quant = io_quant_params(model)  # (malformed metadata: a one-line error now, not later)
     original = model
-    model, u8_in, u8_out, shifted = signedness.to_int8(import_graph(model))
+    model, u8_in, u8_out, shifted = front_end(model)
     model.graph.name = func_name(model.graph.name)
     stages = importer.StageTexts()     # texts printed only when read (.ir, --emit, --debug-ir)
     imported = importer.import_onnx(model)
@@ -134,7 +140,7 @@ def compile(model, debug_ir: str | os.PathLike | None = None, name: str | None =
     try:
         module.operation.verify()      # the torq_hl dialect is IRDL-registered: attributes are checked
     except Exception as e:  # noqa: BLE001 - an invalid module is a compiler bug, say where
-        raise RuntimeError(f"lowering produced an invalid module: {str(e).splitlines()[1:2]}") from None
+        raise RuntimeError(f"lowering produced an invalid module: {one_line(e)}") from None
     stages["torq_hl"] = module.operation.get_asm    # printed on first read (weights included)
     t3 = time.perf_counter()
     ins, outs = _graph_io(model)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import TorqError
+from ..errors import TorqError, one_line
 
 LABELS_FILE = "labels.tsv"
 
@@ -164,9 +164,9 @@ def read_image(path: Path) -> np.ndarray:
         raise
     except Image.DecompressionBombError as e:
         raise TorqError(f"{path}: image is larger than the {MAX_IMAGE_PIXELS / 1e6:.0f} MP evaluate reads "
-                        f"({' '.join(str(e).split())[:80]})") from None
+                        f"({one_line(e, 80)})") from None
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as e:
-        raise TorqError(f"{path}: unreadable image: {' '.join(str(e).split())[:120]}") from None
+        raise TorqError(f"{path}: unreadable image: {one_line(e, 120)}") from None
 
 
 def _as_rgb(im, path: Path) -> np.ndarray:
@@ -202,7 +202,7 @@ def _npz_dataset(path: Path) -> Dataset:
     except TorqError:
         raise
     except Exception as e:  # noqa: BLE001 - zipfile/pickle/format errors, all "not a valid npz"
-        raise TorqError(f"{path}: not a readable .npz: {' '.join(str(e).split())[:120]}") from None
+        raise TorqError(f"{path}: not a readable .npz: {one_line(e, 120)}") from None
     if y.ndim != 1 or not np.issubdtype(y.dtype, np.integer):
         raise TorqError(f"{path}: y must be a 1-D integer array of labels, got {y.dtype} {y.shape}")
     if len(x) != len(y):

@@ -99,7 +99,7 @@ class NssEngine:
 
     def __init__(self, qmodel: onnx.ModelProto, batch: int, rounding: str = "native",
                  threads: int | None = None):
-        from .. import compile as torq_compile
+        from ..compiled import compile as torq_compile
         from ..runtime.nss import usable_cores
         self.batch, self.rounding = batch, rounding
         self.threads, self.sub = split_batch(batch, threads or usable_cores())

@@ -65,23 +65,6 @@ def compare(ours: dict, ref: dict, fp_max_tol: float, lsb: dict | None = None,
     return ok, {"max_rel_diff": round(max_rel, 6), "max_abs_diff": round(max_abs, 6)}
 
 
-def random_inputs(model, seed: int) -> dict[str, np.ndarray]:
-    """The reference tool's layer inputs: floats uniform [-40, 40), integers over their full range."""
-    from ..quantize.calibration import input_specs
-    rng = np.random.default_rng(seed)
-    out = {}
-    for name, dims, dt in input_specs(model):
-        shape = [d or 1 for d in dims]
-        if np.issubdtype(dt, np.integer):
-            info = np.iinfo(dt)
-            out[name] = rng.integers(info.min, int(info.max) + 1, shape, dtype=np.int64).astype(dt)
-        elif dt == bool:
-            out[name] = rng.integers(0, 2, shape).astype(bool)
-        else:
-            out[name] = rng.uniform(-40, 40, shape).astype(dt)
-    return out
-
-
 def float_metrics(ours: dict, ref: dict, tol_frac: float, fp_max_tol: float = 0.01) -> dict:
     """A bf16 model's outputs against the fp32 model's: per output the largest relative and
     absolute differences, how many elements fail the gated rule of ``compare``, and top-1

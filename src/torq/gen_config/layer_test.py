@@ -12,9 +12,11 @@ import numpy as np
 from ..errors import HostProblem
 from ..fileio import atomic_write_bytes, atomic_write_text, inside, safe_name, save_model
 from . import executors as X
-from .compare import BF16_ABS_TOL_FRAC, compare, dq_output_scales, random_inputs
+from ..graph.inputs import random_inputs
+from .compare import BF16_ABS_TOL_FRAC, compare, dq_output_scales
 
 SEED = 1234
+LAYER_INPUT_RANGE = 40.0   # float layer inputs uniform in [-40, 40), as the reference tool feeds them
 
 
 @dataclass
@@ -51,7 +53,7 @@ def prepare(fp32_layer, quant, debug_ir=None, name="layer", calib=None) -> Prepa
     except Exception as e:  # noqa: BLE001
         p.error = X.ExecutorError("quantize_failed", f"per-layer quantization failed: {X.one_line(e)}")
         return p
-    p.inputs = random_inputs(p.model, SEED)
+    p.inputs = random_inputs(p.model, SEED, float_range=LAYER_INPUT_RANGE)
     try:
         p.reference = reference.run(p.model, p.inputs)
     except Exception as e:  # noqa: BLE001
@@ -72,7 +74,7 @@ def _prepare_bf16(p: Prepared, fp32_layer, debug_ir, name) -> Prepared:
     p.model = convert_to_bf16(fp32_layer)
     p.bf16 = True
     p.inputs = {k: numerics.to_bf16(v) if np.asarray(v).dtype == np.float32 else v
-                for k, v in random_inputs(fp32_layer, SEED).items()}
+                for k, v in random_inputs(fp32_layer, SEED, float_range=LAYER_INPUT_RANGE).items()}
     try:
         p.reference = reference.run(to_fp32(p.model), p.inputs)
     except Exception as e:  # noqa: BLE001

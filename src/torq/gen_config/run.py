@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import TorqError
+from ..graph.inputs import random_inputs
 from . import executors as X
 from . import mapping, partition, schema, store
 from .discover import model_and_layers
@@ -229,7 +230,7 @@ def _run(opts: RunOptions, layers, q, path: Path, log) -> tuple[dict, Path]:
     segs = partition.segments(c_nodes(c), executor_of)
     bf16 = opts.quant.auto_convert_bf16
     ref_model = fp32_model(opts) if bf16 else q   # bf16: compared with the fp32 model itself
-    inputs = reference.random_inputs(ref_model, opts.seed)
+    inputs = random_inputs(ref_model, opts.seed)
     t0 = time.perf_counter()
     tensors, timings = execute(c, segs, inputs, opts, opts.model.stem, log)
     wall = time.perf_counter() - t0
