@@ -28,6 +28,7 @@ from .isa import ELEMENT_TYPES
 
 FORMAT_VERSION = program_file.FORMAT_VERSION
 
+
 def np_dtype(elem: str):
     """numpy dtype of an MLIR element type name ("i8", "bf16", ...)."""
     try:
@@ -202,7 +203,7 @@ def _from_manifest(m: dict, arrays: dict) -> Program:
 
 
 def _known(dtype: str, what: str) -> None:
-    if dtype not in DTYPES:
+    if dtype not in ELEMENT_TYPES:
         raise program_file.Damaged(f"{what} has the unknown element type {dtype!r}")
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import TorqError
+from .errors import TorqError, one_line
 
 FORMAT = "torq-program"
 FORMAT_VERSION = 2
@@ -63,7 +63,7 @@ def read(path: Path) -> tuple[dict, dict]:
         raise TorqError(f"{path}: damaged torq program ({e}); recompile the model") from None
     except (OSError, ValueError, KeyError, EOFError, UnicodeDecodeError, RecursionError, NotImplementedError,
             zipfile.BadZipFile, zipfile.LargeZipFile) as e:
-        raise TorqError(f"{path}: not a torq program ({type(e).__name__}: {' '.join(str(e).split())[:100]})") from None
+        raise TorqError(f"{path}: not a torq program ({type(e).__name__}: {one_line(e, 100)})") from None
 
 
 def _read(path: Path) -> tuple[dict, dict]:

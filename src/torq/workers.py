@@ -21,7 +21,7 @@ import signal
 import time
 from multiprocessing.connection import wait
 
-from .errors import HostProblem, TorqError
+from .errors import HostProblem, TorqError, one_line
 
 START_TIMEOUT_S = 900        # a worker that neither starts nor dies (init hung) within this
 TASK_TIMEOUT_S = float(os.environ.get("TORQ_TASK_TIMEOUT_S", 3600))   # a task that neither ends nor
@@ -184,7 +184,7 @@ class WorkerPool:
         elif msg[0] == "error":          # init: what the workers were given cannot be set up
             e = msg[1]
             raise e if isinstance(e, TorqError) else TorqError(
-                f"{self.what}: a worker could not start: {type(e).__name__}: {' '.join(str(e).split())[:300]}")
+                f"{self.what}: a worker could not start: {type(e).__name__}: {one_line(e)}")
         elif msg[0] == "ok":
             results[msg[1]] = msg[2]
             w.task = None
@@ -212,4 +212,4 @@ class WorkerPool:
 def _reraise(e: BaseException, where: str) -> BaseException:
     if isinstance(e, (TorqError, KeyboardInterrupt)):
         return e
-    return RuntimeError(f"{where}: {type(e).__name__}: {' '.join(str(e).split())[:300]}")
+    return RuntimeError(f"{where}: {type(e).__name__}: {one_line(e)}")

@@ -84,7 +84,7 @@ def ray_outputs(model_bytes: bytes, opts, inputs):
             except ray.exceptions.RayTaskError as e:     # the task raised: its own error
                 cause = getattr(e, "cause", None)
                 raise cause if isinstance(cause, TorqError) else RuntimeError(
-                    f"--ray task failed: {' '.join(str(cause or e).split())[:300]}") from None
+                    f"--ray task failed: {one_line(cause or e)}") from None
             except ray.exceptions.RayError as e:
                 raise TorqError(f"--ray: the task of images {first}..{first + opts.batch - 1} failed "
                                 f"{MAX_RETRIES + 1} times ({type(e).__name__}: workers died, e.g. out of "

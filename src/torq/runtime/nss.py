@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import TorqError
+from ..errors import TorqError, one_line
 from ..isa import element_type_name
 from ..program import Program, Step, np_dtype
 from .kernels.blas import single_thread_run
@@ -129,7 +129,7 @@ def _from_file(program: Program, st: Step):
         if program.source is None:
             raise
         raise TorqError(f"{program.source}: damaged torq program: {st.op} at {st.location} cannot run "
-                        f"({type(e).__name__}: {' '.join(str(e).split())[:120]}); recompile the model") from None
+                        f"({type(e).__name__}: {one_line(e, 120)}); recompile the model") from None
 
 
 def usable_cores() -> int:
