@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import struct
+from dataclasses import replace
 import zlib
 
 import numpy as np
@@ -16,7 +17,7 @@ from onnx import TensorProto, helper
 from PIL import Image
 
 from torq.errors import TorqError
-from torq.evaluate.datasets import load_dataset, read_image
+from torq.data.datasets import load_dataset, read_image
 from torq.evaluate.run import EvalOptions, split
 from torq.gen_config.cli import main
 
@@ -108,7 +109,8 @@ def test_calibration_is_never_evaluation_through_any_path(tmp_path, monkeypatch)
     monkeypatch.chdir(tmp_path)
     for spec in (str(ds.resolve()), "./ds/", "link", str(other)):
         with pytest.raises(TorqError, match="shares"):
-            split(load_dataset("ds"), EvalOptions(calibration=spec))
+            base = EvalOptions()
+            split(load_dataset("ds"), replace(base, recipe=base.recipe.replace(calibration_data=spec)))
 
 
 def test_numeric_flags_are_validated(capsys, tmp_path):                              # B20, B26
