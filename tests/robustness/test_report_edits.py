@@ -20,6 +20,13 @@ from torq.gen_config.cli import main
 Q = ["--quantize", "--full-integer"]
 
 
+
+def cli_quant():
+    """The QuantSettings of ``--quantize --full-integer`` on the command line."""
+    from torq.gen_config.cli import build_parser
+    from torq.gen_config.options import quant_settings
+    return quant_settings(build_parser().parse_args(["discover", "--model", "m.onnx", "--quantize", "--full-integer"]))
+
 def cli(*argv) -> int:
     return main([str(a) for a in argv])
 
@@ -82,7 +89,7 @@ def test_an_edit_during_discover_is_merged(model, tmp_path, capsys):        # B1
                             "--executor", "css"))
             seen.append(cli("discover", "--model", model, "--output-dir", tmp_path, *Q))
             seen.append(last_error(capsys))
-    opts = D.DiscoverOptions(model=model, output_dir=tmp_path, quant=D.QuantSettings(True, full_integer=True))
+    opts = D.DiscoverOptions(model=model, output_dir=tmp_path, quant=cli_quant())
     D.SAVE_EVERY_S, old = 0.0, D.SAVE_EVERY_S
     try:
         D.run_discovery(opts, progress)
@@ -106,7 +113,7 @@ def test_an_edit_during_run_is_merged_and_marks_it_stale(model, tmp_path, capsys
                              "--executor", "host"))
             calls.append(cli("discover", "--model", model, "--output-dir", tmp_path, *Q))
             calls.append(last_error(capsys))
-    opts = R.RunOptions(model, tmp_path, D.QuantSettings(True, full_integer=True))
+    opts = R.RunOptions(model, tmp_path, cli_quant())
     R.run_full(opts, log)
     assert calls[:2] == [0, 2] and "is in use by a running run" in calls[2]
     r = report(tmp_path)

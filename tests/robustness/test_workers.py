@@ -18,6 +18,13 @@ from torq.errors import HostProblem, TorqError
 from torq.workers import WorkerPool, cap_jobs, usable_cores
 
 
+
+def cli_quant():
+    """The QuantSettings of ``--quantize --full-integer`` on the command line."""
+    from torq.gen_config.cli import build_parser
+    from torq.gen_config.options import quant_settings
+    return quant_settings(build_parser().parse_args(["discover", "--model", "m.onnx", "--quantize", "--full-integer"]))
+
 def square(x):
     return x * x
 
@@ -99,7 +106,7 @@ def test_discover_survives_a_killed_worker(tmp_path, monkeypatch):
         if i == 2 and not killed and kids:
             os.kill(kids[0].pid, signal.SIGKILL)
             killed.append(kids[0].pid)
-    opts = D.DiscoverOptions(model=model, output_dir=tmp_path, quant=D.QuantSettings(True, full_integer=True),
+    opts = D.DiscoverOptions(model=model, output_dir=tmp_path, quant=cli_quant(),
                              jobs=2, skip_mode=True)
     D.run_discovery(opts, progress)
     r = json.loads((tmp_path / "torq_gen_config_example.json").read_text())

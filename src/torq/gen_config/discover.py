@@ -175,7 +175,7 @@ def run_discovery(opts: DiscoverOptions, progress=None) -> tuple[dict, Path]:
         refuse_overwrite(opts.save_bf16_model, "--save-bf16-model", {"--model": opts.model})
         save_model(build_full(), Path(opts.save_bf16_model))
     path = schema.report_path(opts.output_dir, stem, suffix)
-    refuse_overwrite(path, "--output-dir", {"--model": opts.model, "--calibration-data": opts.quant.calibration_data})
+    refuse_overwrite(path, "--output-dir", {"--model": opts.model, "--calibration-data": opts.quant.recipe.calibration_data})
     with store.session(path, "discover", exclusive=True):
         return _discover(opts, layers, build_full, path, progress)
 
