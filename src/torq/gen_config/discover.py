@@ -181,6 +181,7 @@ def run_discovery(opts: DiscoverOptions, progress=None) -> tuple[dict, Path]:
 
 
 def _discover(opts: DiscoverOptions, layers, build_full, path: Path, progress) -> tuple[dict, Path]:
+    from ..progress import stage
     report = _start_report(path, opts.model.stem, opts)
     map_key = {"fingerprint": report["quantization"], "layers": [lay.id for lay in layers], "v": __version__}
     with stage("discover: the whole model (quantize, import: each layer's MLIR location)"):
