@@ -10,7 +10,9 @@ import argparse
 import contextlib
 import os
 import re
+import signal
 import sys
+import threading
 import warnings
 from typing import Callable
 
@@ -34,11 +36,35 @@ def quiet_native_logs() -> None:
     ort.set_default_logger_severity(4)
 
 
+TERMINATED = 143
+
+
+class Terminated(BaseException):
+    """SIGTERM, raised where the program is, so every ``with`` block cleans up (temp folders)."""
+
+
+def _on_sigterm(signum, frame):
+    raise Terminated
+
+
 def run_main(prog: str, fn: Callable[[], int | None]) -> int:
     """Run a CLI body; TorqError -> 'prog: error: msg' on stderr, exit 2.
 
     Set TORQ_DEBUG=1 to see tracebacks of unexpected failures."""
     quiet_native_logs()
+    main = threading.current_thread() is threading.main_thread()
+    before = signal.signal(signal.SIGTERM, _on_sigterm) if main else None
+    try:
+        code = _run(prog, fn)
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, before)
+    if code == TERMINATED and main:          # cleaned up: now end as SIGTERM asked
+        os.kill(os.getpid(), signal.SIGTERM)
+    return code
+
+
+def _run(prog: str, fn) -> int:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", RuntimeWarning)    # numpy: overflow, invalid value, ...
@@ -58,6 +84,9 @@ def run_main(prog: str, fn: Callable[[], int | None]) -> int:
     except KeyboardInterrupt:
         _say(f"{prog}: interrupted")
         return 130
+    except Terminated:
+        _say(f"{prog}: terminated")
+        return TERMINATED
     except Exception as e:  # a bug: still one line unless debugging
         if os.environ.get("TORQ_DEBUG"):
             raise

@@ -85,6 +85,7 @@ def verify(compiled, seed: int = 0, modes=("native", "ort"), inputs=None) -> Ver
 
 def print_report(res: VerifyResult, console=None) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
     console = console or Console()
     console.print("lowered to torq_hl: " + ", ".join(f"{k}×{v}" for k, v in sorted(res.lowered.items())))
@@ -99,7 +100,7 @@ def print_report(res: VerifyResult, console=None) -> None:
         t.add_column(col)
     for o in res.outputs:
         verdict = "bit-exact" if o.exact else ("±1 LSB" if o.unit == "LSB" and o.max_lsb <= 1 else "differs")
-        t.add_row(o.name, o.mode, f"{o.max_lsb:g} {o.unit}", f"{o.differ}/{o.size}", verdict)
+        t.add_row(escape(o.name), o.mode, f"{o.max_lsb:g} {o.unit}", f"{o.differ}/{o.size}", verdict)
     console.print(t)
     for mode in res.modes:
         _print_op_checks(console, mode, [od for od in res.op_diffs if od.mode == mode])

@@ -125,4 +125,4 @@ def test_bad_flags_give_one_line_errors(tmp_path, args, expect):
 def test_refuses_to_overwrite_input(tmp_path):
     build_example_cnn(tmp_path / "net.onnx")
     r = cli("quantize", "--model", tmp_path / "net.onnx", "-o", tmp_path / "net.onnx")
-    assert r.returncode == 2 and "overwrite the input" in r.stderr
+    assert r.returncode == 2 and "refusing to overwrite it" in r.stderr

@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 
 import numpy as np
+import onnx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -18,10 +19,22 @@ from torq.runtime.kernels import blas
 
 
 @pytest.fixture(scope="module")
-def qmodel():
-    """MobileNetV2 at 32 px (random weights): conv, depthwise (both loops), add, pool, fc."""
+def fixed1():
+    """MobileNetV2 at 32 px (random weights): conv, depthwise (both loops), add, pool, fc; batch 1."""
     m = with_batch(zoo.mobilenet_v2(32), 1)
     return torq.quantize(m, full_integer=True, per_channel=True, quant_format="qdq", num_calib=4)
+
+
+@pytest.fixture(scope="module")
+def qmodel(fixed1):
+    """The same with a symbolic batch (the engines compile it for the sub-batch they choose)."""
+    m = onnx.ModelProto()
+    m.CopyFrom(fixed1)
+    inits = {t.name for t in m.graph.initializer}
+    for v in [i for i in m.graph.input if i.name not in inits] + list(m.graph.output):
+        v.type.tensor_type.shape.dim[0].Clear()
+        v.type.tensor_type.shape.dim[0].dim_param = "N"
+    return m
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +68,16 @@ def test_engine_split_is_batch_invariant_and_ort_exact(qmodel):
     ort_ref = OrtEngine(with_batch(qmodel, 7))(x)
     assert ort_nss.dtype == ort_ref.dtype and np.array_equal(ort_nss, ort_ref)
     assert NssEngine(qmodel, 3, threads=8).threads == 3      # never more threads than images
+
+
+def test_a_fixed_batch_model_is_compiled_for_its_own_batch(fixed1):
+    """Re-batching a fixed-batch model could silently change a batch-specific Reshape: the
+    engines run it in its own batch (audit 3, B9: the default --batch 8 on a batch-1 model)."""
+    x = _images(5, seed=4)
+    engine = NssEngine(fixed1, 4, threads=2)
+    assert engine.sub == 1 and engine.threads == 2
+    assert np.array_equal(engine(x), NssEngine(fixed1, 1, threads=1)(x))
+    assert OrtEngine(fixed1)(x).shape[0] == 5
 
 
 def test_run_many_threads_really_run_the_calls(compiled2, monkeypatch):

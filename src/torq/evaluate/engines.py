@@ -29,6 +29,27 @@ def with_batch(model: onnx.ModelProto, batch: int) -> onnx.ModelProto:
     return onnx.shape_inference.infer_shapes(m)
 
 
+def fixed_batch(model: onnx.ModelProto) -> int | None:
+    """The first input's batch dim when the model fixes it (e.g. 1), else None (symbolic)."""
+    inits = {t.name for t in model.graph.initializer}
+    ins = [i for i in model.graph.input if i.name not in inits]
+    dims = ins[0].type.tensor_type.shape.dim if ins else []
+    return dims[0].dim_value if dims and dims[0].HasField("dim_value") and dims[0].dim_value > 0 else None
+
+
+def in_chunks(run, x: np.ndarray, n: int) -> np.ndarray:
+    """``run`` on ``x`` in chunks of exactly ``n`` images (the last one padded with zeros, whose
+    results are dropped): how a model with a fixed batch sees any number of images."""
+    outs = []
+    for start in range(0, len(x), n):
+        chunk = x[start:start + n]
+        k = len(chunk)
+        if k < n:
+            chunk = np.concatenate([chunk, np.zeros((n - k, *chunk.shape[1:]), chunk.dtype)])
+        outs.append(run(chunk)[:k])
+    return np.concatenate(outs)
+
+
 def quantize_input(x: np.ndarray, scale: float, zero_point: int) -> np.ndarray:
     """ONNX QuantizeLinear to int8, ORT's recipe (``numerics.quantize_ort``)."""
     from ..numerics import quantize_ort
@@ -45,8 +66,11 @@ class OrtEngine:
         from .. import reference
         self.sess = reference.session(model, threads=threads, fused=fused)
         self.input = self.sess.get_inputs()[0].name
+        self.batch = fixed_batch(model)
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
+        if self.batch is not None and len(x) != self.batch:
+            return in_chunks(self.__call__, x, self.batch)
         return self.sess.run(None, {self.input: x})[0]
 
 
@@ -79,6 +103,9 @@ class NssEngine:
         from ..runtime.nss import usable_cores
         self.batch, self.rounding = batch, rounding
         self.threads, self.sub = split_batch(batch, threads or usable_cores())
+        fixed = fixed_batch(qmodel)
+        if fixed is not None:            # the model's own batch: compiled as it is
+            self.sub, self.threads = fixed, max(1, min(self.threads, -(-batch // fixed)))
         self.compiled = torq_compile(with_batch(qmodel, self.sub), name="evaluate")
         if self.compiled.report.unsupported:
             raise TorqError(str(self.compiled.report.unsupported[0]))

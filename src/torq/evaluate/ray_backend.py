@@ -1,6 +1,7 @@
 """NSS batches as Ray tasks: the same per-image results as in process, on any number of machines.
 
-``--ray`` alone starts (or joins, if this process already has one) a local Ray instance;
+``--ray`` alone starts a new local Ray instance (or uses the one this process already has; never
+a cluster it happens to find running);
 ``--ray ADDRESS`` joins a running cluster (``ray start --head`` on one machine, ``ray start
 --address=HEAD:6379`` on the others, then ``--ray HEAD:6379`` or ``--ray auto`` on the head).
 Every worker needs torq installed (the same version) -- Ray ships only the task, not packages.
@@ -31,8 +32,8 @@ def _connect(address) -> None:
     if ray.is_initialized():
         return
     try:
-        if address is True:
-            ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
+        if address is True:              # a new local instance, never a cluster found running
+            ray.init(address="local", include_dashboard=False, log_to_driver=False, configure_logging=False)
         else:
             ray.init(address=str(address), log_to_driver=False, configure_logging=False)
     except Exception as e:  # noqa: BLE001 - connection errors come in many types
@@ -77,8 +78,17 @@ def ray_outputs(model_bytes: bytes, opts, inputs):
             break
         ready, _ = ray.wait(list(pending), num_returns=1)
         for ref in ready:
-            pending.pop(ref)
-            start, out = ray.get(ref)
+            first = pending.pop(ref)
+            try:
+                start, out = ray.get(ref)
+            except ray.exceptions.RayTaskError as e:     # the task raised: its own error
+                cause = getattr(e, "cause", None)
+                raise cause if isinstance(cause, TorqError) else RuntimeError(
+                    f"--ray task failed: {one_line(cause or e)}") from None
+            except ray.exceptions.RayError as e:
+                raise TorqError(f"--ray: the task of images {first}..{first + opts.batch - 1} failed "
+                                f"{MAX_RETRIES + 1} times ({type(e).__name__}: workers died, e.g. out of "
+                                "memory); use a smaller --batch or free memory") from None
             if start in done:              # cannot happen with pure tasks; guard the count anyway
                 continue
             done.add(start)

@@ -81,6 +81,8 @@ def split(data: Dataset, opts: EvalOptions) -> tuple[Dataset, Dataset]:
     """(evaluation, calibration) datasets; they never share an image."""
     if opts.calibration and opts.calibration_split:
         raise TorqError("give either --calibration-data or --calibration-split, not both")
+    if opts.calibration_split < 0:
+        raise TorqError(f"--calibration-split {opts.calibration_split} must be at least 0")
     if opts.calibration_split:
         n = opts.calibration_split
         if n >= len(data):
@@ -89,9 +91,11 @@ def split(data: Dataset, opts: EvalOptions) -> tuple[Dataset, Dataset]:
         evaluation, calib = data.subset(np.sort(perm[n:])), data.subset(np.sort(perm[:n]))
     elif opts.calibration:
         evaluation, calib = data, load_dataset(opts.calibration, labelled=False)
-        if calib.name == data.name:
-            raise TorqError("the calibration data is the evaluation dataset; calibration images must never "
-                            "be evaluated (use --calibration-split N)")
+        shared = calib.sources() & data.sources()
+        if shared:
+            raise TorqError(f"the calibration data shares {len(shared)} image file(s) with the evaluation dataset "
+                            f"(e.g. {sorted(shared)[0]}); calibration images must never be evaluated "
+                            "(use --calibration-split N)")
     else:
         raise TorqError("evaluate needs real calibration images: --calibration-data SPEC or "
                         "--calibration-split N")
@@ -112,11 +116,14 @@ def prepare(model_path, data: Dataset, calib: Dataset, opts: EvalOptions):
     CLE, bias correction), whose tensors line up with the int8 model's."""
     from ..graph.input_shape import set_input_shapes
     from ..graph.load import load_model
+    from ..quantize import memory_bound
     from ..quantize.calibration import ImageReader, image_input
     from ..quantize.recipe import apply
     fp32 = set_input_shapes(load_model(model_path), opts.recipe.input_shape, str(model_path))
     name, shape = image_input(fp32, "evaluate")
     recipe = opts.measured_recipe
+    memory_bound.check(fp32, min(recipe.num_calib, len(calib)), str(model_path), "--num-calib")
+    memory_bound.check(fp32, opts.batch, str(model_path), "--batch")
     reader = None if opts.recipe.calibration_data else \
         ImageReader(calib, opts.preprocess, shape, name, recipe.num_calib)
     quantized = apply(recipe, model_path, reader)
@@ -212,7 +219,7 @@ def _run_nss_path(result, data, opts, q, name, shape, qin) -> None:
             yield start, xq
 
     with result.progress("INT8 (NSS)", len(data), opts.progress) as advance:
-        stream = nss_outputs(q, opts, inputs())
+        stream = nss_outputs(q, opts, inputs(), images=len(data))
         t0 = time.perf_counter()
         for start, out in stream:
             result.record("int8_nss", start, out)

@@ -2,15 +2,18 @@
 ``final_report_text`` and the compiler JSON (the report stays the source of truth).
 
 Messages follow the reference tool (``Batch edit: N layer(s) match``, ``Updated
-recommended_executor for ...``, ``--list``'s per-layer status table). When only the compiler JSON
-was shared, ``edit`` changes its assignments directly (``compiler_json.py``)."""
+recommended_executor for ...``, ``--list``'s per-layer status table). Each edit is also recorded
+as data (``ops[id].edit``) so a later ``discover`` keeps it, and it is applied to the report on
+disk under the report lock, so a running discover or run merges it instead of overwriting it.
+When only the compiler JSON was shared, ``edit`` changes its assignments directly
+(``compiler_json.py``)."""
 from __future__ import annotations
 
 import fnmatch
 from pathlib import Path
 
 from ..errors import TorqError
-from . import compiler_json, schema
+from . import compiler_json, schema, store
 from . import report_text as T
 from .executors import EXECUTOR_ORDER
 from .view import is_compiler_json, resolve_report
@@ -39,7 +42,8 @@ def register(sub) -> None:
     p.add_argument("--model", "-m", help="model whose report to edit")
     p.add_argument("--output-dir", default=".", help="folder of the report (default: current)")
     p.add_argument("--layer", help="exact id, substring, glob (* ?) or ALL")
-    p.add_argument("--executor", help="nss|css|host|null")
+    p.add_argument("--executor", help="nss|css|host|null, or auto to undo an edit (discover's choice); "
+                                      "an edit is kept by later discovers")
     p.add_argument("--tolerance-avg", type=float, metavar="T", help="set fp_avg_tol of the layers")
     p.add_argument("--tolerance-max", type=float, metavar="T", help="set fp_max_tol of the layers")
     p.add_argument("--list", nargs="?", const="", metavar="FILTER", help="list layer ids (optionally filtered)")
@@ -50,8 +54,9 @@ def _executor(args) -> str | None:
     if args.executor is None:
         return None
     executor = args.executor.strip().lower()
-    if executor not in (*EXECUTOR_ORDER, *compiler_json.UNASSIGNED):
-        raise TorqError(f"--executor '{args.executor}': choose from {', '.join(EXECUTOR_ORDER)} or null")
+    if executor not in (*EXECUTOR_ORDER, *compiler_json.UNASSIGNED, "auto"):
+        raise TorqError(f"--executor '{args.executor}': choose from {', '.join(EXECUTOR_ORDER)}, null "
+                        "or auto (discover's choice)")
     return executor
 
 
@@ -87,36 +92,47 @@ def cmd_edit(args) -> int:
     ids = match_layers(report, args.layer)
     if len(ids) > 1:
         print(f"Batch edit: {len(ids)} layer(s) match '{args.layer}'")
-    for lid in ids:
-        op = report["ops"][lid]
-        if executor is not None:
-            op["recommended_executor"] = None if executor in compiler_json.UNASSIGNED else executor
-        if args.tolerance_avg is not None or args.tolerance_max is not None:
-            _set_tolerance(report, lid, args)
-    schema.summarize(report)
-    try:
-        schema.save(report, path, keep_compiler_extras=True)
-    except OSError as e:
-        raise TorqError(f"{path}: cannot write: {e.strerror}") from None
+    tol = {k: v for k, v in (("fp_avg_tol", args.tolerance_avg), ("fp_max_tol", args.tolerance_max)) if v is not None}
+    store.update(path, lambda disk: apply_edit(_same(disk, path), ids, executor, tol), keep_compiler_extras=True)
     what = f"'{ids[0]}'" if len(ids) == 1 else f"{len(ids)} layer(s)"
     if executor is not None:
         print(f"Updated recommended_executor for {what} to '{executor}'")
-    if args.tolerance_avg is not None or args.tolerance_max is not None:
+    if tol:
         print(f"Updated tolerance for {what}")
     print(f"Updated compiler JSON: {schema.compiler_path(path)}")
     return 0
 
 
-def _set_tolerance(report: dict, lid: str, args) -> None:
-    op = report["ops"][lid]
-    tol = dict(schema.tolerance(report, lid))
-    if args.tolerance_avg is not None:
-        tol["fp_avg_tol"] = args.tolerance_avg
-    if args.tolerance_max is not None:
-        tol["fp_max_tol"] = args.tolerance_max
-    op["tolerance_used"] = tol
-    for r in op.get("executors", {}).values():
-        r.pop("tolerance_used", None)
+def _same(disk: dict | None, path) -> dict:
+    if disk is None:
+        raise TorqError(f"{path}: the report disappeared while editing it")
+    return disk
+
+
+def apply_edit(report: dict, ids: list[str], executor: str | None, tol: dict) -> dict:
+    """Set the layers' executor (``auto``: back to discover's choice) and tolerance, and record
+    both in ``ops[id].edit``, where a later discover finds and keeps them."""
+    for lid in ids:
+        op = report["ops"].get(lid)
+        if op is None:
+            continue                     # removed by a concurrent discover of another model
+        edit = dict(op.get("edit") or {})
+        if executor == "auto":
+            edit.pop("executor", None)
+            op["recommended_executor"] = schema.recommend(op.get("executors", {}))
+        elif executor is not None:
+            edit["executor"] = op["recommended_executor"] = None if executor in compiler_json.UNASSIGNED else executor
+        if tol:
+            new = dict(schema.tolerance(report, lid), **tol)
+            edit["tolerance"] = op["tolerance_used"] = new
+            for r in op.get("executors", {}).values():
+                r.pop("tolerance_used", None)
+        if edit:
+            op["edit"] = edit
+        else:
+            op.pop("edit", None)
+    schema.summarize(report)
+    return report
 
 
 def _edit_compiler(path: Path, args) -> int:
@@ -135,6 +151,8 @@ def _edit_compiler(path: Path, args) -> int:
     if args.tolerance_avg is not None or args.tolerance_max is not None:
         raise TorqError(f"{path} is a compiler JSON: it holds no tolerances (edit the report JSON)")
     executor = _executor(args)
+    if executor == "auto":
+        raise TorqError(f"{path} is a compiler JSON: it holds no discover choice to go back to (--executor auto)")
     locs = compiler_json.select(data, args.layer, _ids_to_locations(args, data))
     if len(locs) > 1:
         print(f"Batch edit: {len(locs)} layer(s) match '{args.layer}'")

@@ -17,7 +17,7 @@ import numpy as np
 from ..errors import TorqError
 from ..graph.inputs import random_inputs
 from . import executors as X
-from . import mapping, partition, schema
+from . import mapping, partition, schema, store
 from .discover import model_and_layers
 from .compare import BF16_RUN_TOL_FRAC, float_metrics
 from .options import QuantSettings, add_common_args, cache_dir, quant_settings
@@ -131,6 +131,20 @@ def layer_locations(model: Path, fingerprint: dict | None) -> dict[str, str | No
     layers, _, q = model_and_layers(model, quant_from_fingerprint(fingerprint))
     places = mapping.map_layers([lay.op_type for lay in layers], locations(q))
     return {lay.id: loc for lay, (_, loc) in zip(layers, places)}
+
+
+def coverage_note(report: dict, layers) -> str | None:
+    """What ``run`` says when the report does not describe exactly this model's layers."""
+    ids = {lay.id for lay in layers}
+    missing = [lay.id for lay in layers if lay.id not in report["ops"]]
+    ghosts = [i for i in report["ops"] if i not in ids]
+    parts = []
+    if missing and report["ops"]:
+        parts.append(f"the report has {len(ids) - len(missing)} of {len(ids)} layers (the {len(missing)} "
+                     f"missing, e.g. {missing[0]!r}, run on the NSS; was discover interrupted?)")
+    if ghosts:
+        parts.append(f"{len(ghosts)} op id(s) are not layers of this model and are ignored (e.g. {ghosts[0]!r})")
+    return "; ".join(parts) or None
 
 
 def execute(c, segs, inputs: dict, opts: RunOptions, stem: str, log=None) -> tuple[dict, list]:
@@ -249,22 +263,36 @@ def fp32_model(opts: RunOptions):
 
 def run_full(opts: RunOptions, log=None) -> tuple[dict, Path]:
     """Run the whole model with its executor map; returns (report or compiler JSON, its path).
-    The metrics go to ``full_model_metrics`` (written back only into a report)."""
+    The metrics go to ``full_model_metrics`` (written back only into a report, under its lock)."""
+    from ..progress import stage
+    with stage("run: cutting and quantizing the model"):
+        layers, suffix, q = model_and_layers(opts.model, opts.quant, opts.subgraph)
+    src = load_map(opts.output_dir, opts.model.stem, suffix)   # none, or a damaged one: said first
+    if src.report is None:
+        return _run(opts, layers, q, src, log)
+    with store.session(src.path, "run", exclusive=False):
+        src.report = schema.load(src.path)
+        return _run(opts, layers, q, src, log)
+
+
+def _run(opts: RunOptions, layers, q, src: MapSource, log) -> tuple[dict, Path]:
     from ..compiler.pipeline import import_graph
     from ..progress import stage
     from .. import reference
-    with stage("run: cutting and quantizing the model"):
-        layers, suffix, q = model_and_layers(opts.model, opts.quant, opts.subgraph)
-    src = load_map(opts.output_dir, opts.model.stem, suffix)
     check_fingerprint(src.fingerprint, opts.quant.fingerprint(opts.model), src.path)
     with stage("run: importing the whole model"):
         c = import_graph(q)                      # node k <-> the full model's k-th torch.operator
         full = X.frontend(q, debug_ir=opts.debug_ir, name=opts.model.stem)
     places = mapping.map_layers([lay.op_type for lay in layers], full.operator_locations)
-    if src.report is not None:
-        relocate(src.report, layers, places)
-        schema.save(src.report, src.path, keep_compiler_extras=True)   # re-derived locations
-        assignments = schema.compiler_config(src.report)["op_assignments"]
+    report, note = src.report, None
+    if report is not None:
+        relocate(report, layers, places)
+        mine = {"ops": {lay.id: report["ops"][lay.id] for lay in layers if lay.id in report["ops"]}}
+        assignments = schema.compiler_config(mine)["op_assignments"]   # another model's ids decide nothing
+        note = coverage_note(report, layers)
+        locs = {lid: op["mlir_location"] for lid, op in report["ops"].items() if "mlir_location" in op}
+        used_map = store.map_digest(report)
+        store.update(src.path, lambda disk: _with_locations(disk or report, locs), keep_compiler_extras=True)
     else:
         assignments = src.compiler["op_assignments"]
     by_loc = {loc: j for j, (_, loc) in enumerate(full.operator_locations)}
@@ -282,19 +310,33 @@ def run_full(opts: RunOptions, log=None) -> tuple[dict, Path]:
     m = float_metrics(ours, ref, opts.tolerance_frac) if bf16 else metrics(c, ours, ref, opts.tolerance_lsb)
     m.update(rounding=opts.rounding, segments=timings, seed=opts.seed, run_s=round(wall, 3),
              executor_nodes={e: sum(len(s.groups) for s in segs if s.executor == e) for e in X.EXECUTOR_ORDER})
+    rows = per_layer(layers, places, assignments)
     if not m["passed"] and not bf16:
-        ids = {loc: lay_id for lay_id, _, loc in per_layer(layers, places, assignments)}
+        ids = {loc: lay_id for lay_id, _, loc in rows}
         names = {j: ids.get(loc, f"{op}@{loc}") for j, (op, loc) in enumerate(full.operator_locations)}
         with stage("run: locating the first diverging layer"):
             m["first_divergence"] = locate_divergence(c, segs, inputs, opts, names, opts.tolerance_lsb)
-    m["layers"] = per_layer(layers, places, assignments)
-    if src.report is None:
-        return dict(src.compiler, full_model_metrics=m), src.path
-    src.report["full_model_metrics"] = {k: v for k, v in m.items() if k != "layers"}
-    schema.summarize(src.report)
-    schema.save(src.report, src.path, keep_compiler_extras=True)
-    src.report["full_model_metrics"]["layers"] = m["layers"]
-    return src.report, src.path
+    if report is None:
+        return dict(src.compiler, full_model_metrics=dict(m, layers=rows)), src.path
+    m["executor_map_sha256"] = used_map
+    if note:
+        m["warning"] = note
+
+    def with_metrics(disk):
+        out = _with_locations(disk or report, locs)
+        out["full_model_metrics"] = m            # stale (store) if the map changed meanwhile
+        schema.summarize(out)
+        return out
+    out = store.update(src.path, with_metrics, keep_compiler_extras=True)
+    out["full_model_metrics"] = dict(out["full_model_metrics"], layers=rows)   # printed, not stored
+    return out, src.path
+
+
+def _with_locations(report: dict, locs: dict) -> dict:
+    for lid, loc in locs.items():
+        if lid in report["ops"]:
+            report["ops"][lid]["mlir_location"] = loc
+    return report
 
 
 def register(sub) -> None:
@@ -335,6 +377,11 @@ def cmd_run(args) -> int:
         print(f"run: using the compiler JSON alone: {path}")
     m = report["full_model_metrics"]
     print_layers(m["layers"])
+    if m.get("warning"):
+        print(f"run: warning: {m['warning']}")
+    if m.get("stale"):
+        print("run: note: the executor map changed while run worked (an edit or a discover); these "
+              "figures are for the map run used: run again for the new one")
     segs = ", ".join(f"{s['executor']} ({s['layers']} layers, {s['runtime_ms']:.1f} ms)" for s in m["segments"])
     print(f"run: {len(m['segments'])} segment(s): {segs}")
     if "ops" in report:

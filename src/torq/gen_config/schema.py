@@ -14,10 +14,10 @@ from pathlib import Path
 from ..errors import TorqError
 from ..fileio import atomic_write_json
 from .executors import EXECUTOR_ORDER
+from .report_check import STATUSES, report_problem
 
 VERSION = "1.1"
 DEFAULT_TOLERANCE = {"fp_avg_tol": 0.01, "fp_max_tol": 0.01}
-STATUSES = ("success", "difference", "error")
 _LOC = re.compile(r"^\d+:\d+$")
 
 
@@ -75,8 +75,12 @@ def recommend(executors: dict, by_timing: bool = False) -> str | None:
 
 
 def tolerance(report: dict, layer_id: str) -> dict:
-    """First executor entry with tolerance_used, else the op's, else default_tolerance."""
+    """The op's edited tolerance, else the first executor entry with tolerance_used, else the
+    op's, else default_tolerance."""
     op = report["ops"].get(layer_id, {})
+    edit = op.get("edit") or {}
+    if "tolerance" in edit:
+        return edit["tolerance"]
     for e in op.get("executors", {}).values():
         if "tolerance_used" in e:
             return e["tolerance_used"]
@@ -84,12 +88,16 @@ def tolerance(report: dict, layer_id: str) -> dict:
 
 
 def compiler_config(report: dict) -> dict:
-    """``op_assignments`` for every op with a LINE:COL location and a recommended executor."""
-    assign = {}
+    """``op_assignments`` for every op with a LINE:COL location and a recommended executor (when
+    two ops claim one location, the first one's: ``run`` re-derives the locations of this
+    model's layers, and discover lists them first)."""
+    assign, claimed = {}, set()
     for op in report["ops"].values():
         loc, ex = op.get("mlir_location"), op.get("recommended_executor")
-        if is_location(loc) and ex:
-            assign[loc] = {"executor": ex}
+        if is_location(loc) and loc not in claimed:
+            claimed.add(loc)
+            if ex:
+                assign[loc] = {"executor": ex}
     out = {"op_assignments": assign, "model_name": report.get("model_name", "")}
     if "quantization" in report:
         out["quantization"] = report["quantization"]
@@ -153,6 +161,8 @@ def load(path: str | Path) -> dict:
         raise TorqError(f"{path}: cannot read: {e}") from None
     except json.JSONDecodeError as e:
         raise TorqError(f"{path}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+    except (ValueError, RecursionError) as e:   # a 5,000-digit integer, 100,000 nested arrays
+        raise TorqError(f"{path}: not a usable JSON report ({type(e).__name__}: {str(e)[:80]})") from None
     if not isinstance(data, dict):
         raise TorqError(f"{path}: not a torq-gen-config report (top level is not an object)")
     if "ops" not in data:
@@ -160,18 +170,9 @@ def load(path: str | Path) -> dict:
         raise TorqError(f"{path}: not a torq-gen-config report: no 'ops'{hint}")
     if not isinstance(data["ops"], dict):
         raise TorqError(f"{path}: 'ops' must be an object keyed by layer id")
-    for lid, op in data["ops"].items():
-        if not isinstance(op, dict) or not isinstance(op.get("executors", {}), dict):
-            raise TorqError(f"{path}: ops['{lid}'] must be an object with an 'executors' object")
-        rec = op.get("recommended_executor")
-        if rec is not None and rec not in EXECUTOR_ORDER:
-            raise TorqError(f"{path}: ops['{lid}'].recommended_executor is '{rec}'; "
-                            f"expected one of {', '.join(EXECUTOR_ORDER)} or null")
-        for ex, r in op.get("executors", {}).items():
-            if ex not in EXECUTOR_ORDER or not isinstance(r, dict) or r.get("status") not in STATUSES:
-                raise TorqError(f"{path}: ops['{lid}'].executors['{ex}'] is not a valid result "
-                                f"(executor one of {', '.join(EXECUTOR_ORDER)}, status one of "
-                                f"{', '.join(STATUSES)})")
+    why = report_problem(data)
+    if why:
+        raise TorqError(f"{path}: not a valid torq-gen-config report: {why}")
     data.setdefault("default_tolerance", dict(DEFAULT_TOLERANCE))
     data.setdefault("model_name", path.stem.removeprefix("torq_gen_config_"))
     return data

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from ..errors import TorqError
-from ..fileio import atomic_write_text
+from ..fileio import atomic_write_text, refuse_overwrite
 from . import compiler_json, schema
 from . import report_text as T
 from .executors import EXECUTOR_ORDER, REASON_CODES
@@ -54,22 +54,27 @@ def _folded_note(report: dict, show_all: bool) -> str:
 
 def print_table(report: dict, console=None, show_all: bool = False) -> None:
     """Layers x executors; layer ids whole (a pipe gets the table's full width, ids copy into
-    ``edit``); folded constants counted apart unless ``show_all``."""
+    ``edit``); folded constants counted apart unless ``show_all``. Names from the model are data:
+    escaped, never read as rich markup."""
     import sys
 
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
     console = console or Console(width=None if sys.stdout.isatty() else 100_000)
-    t = Table(title=f"executor map: {report.get('model_name')}")
+    t = Table(title=f"executor map: {escape(str(report.get('model_name')))}")
     for col in ("#", "layer", *EXECUTOR_ORDER, "recommended", "location"):
         t.add_column(col, overflow="fold")
     for lid, op in report["ops"].items():
         if folded(op) and not show_all:
             continue
         ex = op.get("executors", {})
-        cells = [f"[{_STYLE[ex[e]['status']]}]{_cell(ex[e])}[/]" if e in ex else "-" for e in EXECUTOR_ORDER]
+        cells = [f"[{_STYLE[ex[e]['status']]}]{escape(_cell(ex[e]))}[/]" if e in ex else "-" for e in EXECUTOR_ORDER]
         rec = op.get("recommended_executor") or "[red]null[/]"
-        t.add_row(str(T.node_index(op)), lid, *cells, rec, str(op.get("mlir_location", "")))
+        if "executor" in (op.get("edit") or {}):
+            rec += " (edited)"
+        t.add_row(escape(str(T.node_index(op))), escape(lid), *cells, rec,
+                  escape(str(op.get("mlir_location", ""))))
     console.print(t)
     if _folded_note(report, show_all):
         console.print(_folded_note(report, show_all))
@@ -79,7 +84,9 @@ def print_table(report: dict, console=None, show_all: bool = False) -> None:
                   + f" of {len(report['ops']) - n_folded} layers" + (f" (+ {n_folded} folded)" if n_folded else ""))
     m = report.get("full_model_metrics")
     if m:
-        console.print(f"full model (run): max |Δ| {m.get('max_abs_lsb')} LSB, within tolerance: {m.get('passed')}")
+        stale = " (stale: the map changed since; run again)" if m.get("stale") else ""
+        console.print(escape(f"full model (run): max |Δ| {m.get('max_abs_lsb')} LSB, "
+                             f"within tolerance: {m.get('passed')}{stale}"))
 
 
 def find_layer(report: dict, name: str) -> str:
@@ -117,12 +124,14 @@ def html_page(report: dict, show_all: bool = False) -> str:
             why = f"<div class='why'>{code}{html.escape(str(fr.get('summary', '')))}</div>" if fr else ""
             cells.append(f"<td class='{r['status']}' style='background:{colour[r['status']]}'>"
                          f"{html.escape(_cell(r))}{why}</td>")
-        rows.append(f"<tr><td>{T.node_index(op)}</td><td>{html.escape(lid)}</td>{''.join(cells)}"
+        rows.append(f"<tr><td>{html.escape(str(T.node_index(op)))}</td><td>{html.escape(lid)}</td>"
+                    f"{''.join(cells)}"
                     f"<td class='rec'>{html.escape(str(op.get('recommended_executor')))}</td>"
                     f"<td>{html.escape(str(op.get('mlir_location', '')))}</td></tr>")
     return _HTML.format(name=html.escape(str(report.get("model_name"))), rows="\n".join(rows),
                         head="".join(f"<th>{e}</th>" for e in EXECUTOR_ORDER),
-                        summary=html.escape(report.get("final_report_text", "") + "\n" + _folded_note(report, show_all)),
+                        summary=html.escape(str(report.get("final_report_text", "")) + "\n"
+                                            + _folded_note(report, show_all)),
                         histogram=_histogram(report.get("full_model_metrics")),
                         reasons="".join(f"<li><b>{k}</b>: {html.escape(v)}</li>" for k, v in REASON_CODES.items()))
 
@@ -132,10 +141,13 @@ def _histogram(metrics: dict | None) -> str:
         return "<p id='histogram'>no full-model run yet (torq-gen-config run)</p>"
     hist = metrics["lsb_histogram"]
     top = max(hist.values()) or 1
-    bars = "".join(f"<tr><td>{html.escape(k)} LSB</td><td><div class='bar' style='width:{300 * v / top:.0f}px'>"
-                   f"</div></td><td>{v}</td></tr>" for k, v in hist.items())
-    return (f"<table id='histogram'><caption>full model |Δ| vs ONNX Runtime (max {metrics.get('max_abs_lsb')} LSB, "
-            f"{'PASS' if metrics.get('passed') else 'FAIL'})</caption>{bars}</table>")
+    bars = "".join(f"<tr><td>{html.escape(str(k))} LSB</td><td><div class='bar' "
+                   f"style='width:{300 * max(0, v) / top:.0f}px'></div></td><td>{html.escape(str(v))}</td></tr>"
+                   for k, v in hist.items())
+    stale = " stale: the map changed since this run" if metrics.get("stale") else ""
+    return (f"<table id='histogram'><caption>full model |Δ| vs ONNX Runtime (max "
+            f"{html.escape(str(metrics.get('max_abs_lsb')))} LSB, "
+            f"{'PASS' if metrics.get('passed') else 'FAIL'}{stale})</caption>{bars}</table>")
 
 
 _HTML = """<!DOCTYPE html><html><head><meta charset="utf-8"><title>torq-gen-config: {name}</title>
@@ -203,6 +215,8 @@ def cmd_view(args) -> int:
     report = schema.load(path)
     layer = args.layer or args.layer_pos
     if args.html:
+        refuse_overwrite(args.html, "--html", {"report": path, "compiler JSON": schema.compiler_path(path),
+                                               "--model": args.model})
         try:
             atomic_write_text(args.html, html_page(report, args.show_all))
         except OSError as e:

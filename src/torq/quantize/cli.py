@@ -5,7 +5,7 @@ import argparse
 import textwrap
 from pathlib import Path
 
-from ..errors import TorqError
+from ..fileio import refuse_overwrite
 
 
 def _fmt(text: str) -> str:
@@ -59,8 +59,7 @@ def _cmd_quantize(args) -> int:
     recipe = recipe_from_args(args)          # every flag checked before the model work
     model = Path(args.model)
     out = Path(args.output) if args.output else default_output(model)
-    if model.exists() and out.exists() and out.resolve() == model.resolve():
-        raise TorqError(f"--output {out} would overwrite the input model; choose another path")
+    refuse_overwrite(out, "--output", {"--model": model, "--calibration-data": recipe.calibration_data})
     fp32 = load_model(model)  # validated before the slow steps; also the "before" of the summary
     q = apply(recipe, model).model        # stage lines (fold, CLE, calibration, ...) on stderr
     save_model(q, out)

@@ -240,8 +240,11 @@ def apply(recipe: Recipe, model, reader=None, *, where: str | None = None,
     ``reader``: an ORT CalibrationDataReader overriding ``recipe.calibration_data`` (discover's
     per-layer activations, evaluate's held-apart images). ``wrap_lone_ops``: a model ORT leaves
     float (a lone Relu, Flatten, ...) gets Q/DQ around its I/O instead of an error."""
+    from . import memory_bound
     from .calibration import make_reader
     src, where = load_fp32(model, where, recipe.input_shape)
+    if reader is None:                           # (a caller's reader knows its own sizes)
+        memory_bound.check(src, recipe.num_calib, where, "--num-calib")
     reader = reader if reader is not None else make_reader(src, recipe)
     prepared = prepare(recipe, src, reader)
     q = quantize_prepared(recipe, prepared, reader, where=where, wrap_lone_ops=wrap_lone_ops)
@@ -270,8 +273,9 @@ def quantize_prepared(recipe: Recipe, prepared: onnx.ModelProto, reader, *, wher
         rewind(reader)
         q = wrap_in_qdq(prepared, reader, _method(recipe), _activation_type(recipe).tensor_type)
     if not _quantized(q):
+        hint = "; try --quant-format qdq" if recipe.format != "qdq" else " (ONNX Runtime has no int8 form for any of its ops)"
         raise TorqError(f"{where}: ONNX Runtime quantized nothing with --quant-format {recipe.format} "
-                        "(none of its ops has an int8 form in that format); try --quant-format qdq")
+                        f"(none of its ops has an int8 form in that format){hint}")
     if recipe.exact_scales and fmt == "qdq":
         from .exact_scales import exact_scales
         with stage("quantize: exact scales"):

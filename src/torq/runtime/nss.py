@@ -12,13 +12,14 @@ Two rounding modes:
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import TorqError
+from ..errors import TorqError, one_line
 from ..isa import element_type_name
 from ..program import Program, Step, np_dtype
 from .kernels.blas import single_thread_run
@@ -42,7 +43,10 @@ class Simulator:
 
     def __init__(self, program: Program):
         self.program = program
-        self.kernels = [self._bind(st) for st in program.steps]
+        self.kernels = []
+        for st in program.steps:
+            with _from_file(program, st):
+                self.kernels.append(self._bind(st))
         self._pool: ThreadPoolExecutor | None = None
 
     def __getstate__(self):
@@ -82,7 +86,8 @@ class Simulator:
             for k in self.kernels:
                 st = k.step
                 args = [env[a] for a in st.args]
-                out = k.fn(args, rounding)
+                with _from_file(p, st):
+                    out = k.fn(args, rounding)
                 _check_result(out, k)
                 env[st.out] = out
                 if explain and k.check is not None:
@@ -108,6 +113,23 @@ class Simulator:
         with single_thread_run(pinned=True):      # no BLAS switch while calls run side by side
             futures = [self._pool.submit(self.run, inputs, rounding, explain) for inputs in calls]
             return [f.result() for f in futures]
+
+
+@contextlib.contextmanager
+def _from_file(program: Program, st: Step):
+    """A program read from a file that a kernel cannot run (attributes or weights that no
+    compiler emits) is that file's one-line error; a compiled one's failure stays a bug."""
+    try:
+        yield
+    except TorqError as e:
+        if program.source is None or program.source in str(e):
+            raise
+        raise TorqError(f"{program.source}: {e}") from None
+    except Exception as e:  # noqa: BLE001
+        if program.source is None:
+            raise
+        raise TorqError(f"{program.source}: damaged torq program: {st.op} at {st.location} cannot run "
+                        f"({type(e).__name__}: {one_line(e, 120)}); recompile the model") from None
 
 
 def usable_cores() -> int:

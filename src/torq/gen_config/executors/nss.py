@@ -54,6 +54,8 @@ def from_model(model, *, cache_dir, rounding: str = "native", recompute: bool = 
             program = Program.load(path)
         except Exception:  # noqa: BLE001 - a damaged cache entry is recompiled
             program = None
+        if program is not None and program.cache_key != path.stem:
+            program = None               # a valid program of another model, moved here
     if program is None:
         try:
             program = frontend(model).program
@@ -62,7 +64,7 @@ def from_model(model, *, cache_dir, rounding: str = "native", recompute: bool = 
         except Exception as e:  # noqa: BLE001
             raise ExecutorError("no_pattern", one_line(e) + (FP32_HINT if is_fp32(model) else "")) from None
         try:
-            program.save(path)
+            program.save(path, cache_key=path.stem)
         except OSError:
             pass  # a read-only cache only costs speed
     sim = Simulator(program)
