@@ -21,7 +21,10 @@ import numpy as np
 from ..errors import TorqError
 from ..program import Program, Step, np_dtype
 from .kernels.blas import single_thread_run
+from . import native
 from .movement import DATA_MOVEMENT
+from .native import ops as native_ops
+from .native import ENGINES
 from .ops import OPS
 
 ROUNDING_MODES = ("native", "ort")
@@ -36,11 +39,23 @@ class _Kernel:
 
 
 class Simulator:
-    """A Program bound to numpy kernels once (weight plans, tables cached); `run` executes it."""
+    """A Program bound to kernels once (weight plans, tables cached); `run` executes it.
 
-    def __init__(self, program: Program):
+    ``engine``: "native" (the default, ``$TORQ_ENGINE`` overrides it) runs the int8 convolutions
+    and fully connected layers as compiled native code (``runtime.native``) and every other op on
+    the reference kernels; "reference" runs every op on the numpy reference kernels. Both give
+    identical results. Without a C compiler the native engine is the reference one (``engine``
+    then says "reference", ``native.why()`` why)."""
+
+    def __init__(self, program: Program, engine: str | None = None):
+        engine = engine or os.environ.get("TORQ_ENGINE") or "native"
+        if engine not in ENGINES:
+            raise TorqError(f"--engine must be one of {', '.join(ENGINES)}, not {engine!r}")
+        if engine == "native" and native.library() is None:
+            engine = "reference"
         self.program = program
-        self.kernels = [self._bind(st) for st in program.steps]
+        self.engine = engine
+        self.kernels = [self._bind(st, engine) for st in program.steps]
         self._pool: ThreadPoolExecutor | None = None
 
     def __getstate__(self):
@@ -48,7 +63,7 @@ class Simulator:
         return {**self.__dict__, "_pool": None}
 
     @staticmethod
-    def _bind(st: Step) -> _Kernel:
+    def _bind(st: Step, engine: str = "reference") -> _Kernel:
         rtype = np_dtype(st.dtype)
         if st.op.startswith("torq_hl."):
             make = OPS.get(st.op[8:])
@@ -57,9 +72,12 @@ class Simulator:
         if make is None:
             raise TorqError(f"not supported on NSS: {st.op} at {st.location}: no simulator kernel")
         fn = make(st, rtype)
+        if engine == "native":
+            fn = native_ops.make(st, rtype, fn) or fn
         return _Kernel(fn, st, rtype, getattr(fn, "check", None))
 
-    def run(self, inputs: list[np.ndarray], rounding: str = "native", explain: bool = False):
+    def run(self, inputs: list[np.ndarray], rounding: str = "native", explain: bool = False,
+            threads: int | None = None):
         """Execute; with explain=True also return the per-op check of every rescaling op: the output
         it executed against the plain formula of the mode, and native vs ORT rounding on the very
         same inputs ([OpDiff]). Checks cost a second evaluation of each rescaling op."""
@@ -74,6 +92,7 @@ class Simulator:
         for s, v in p.constants.items():
             env[s] = v
         diffs = []
+        native_ops.set_threads(threads or usable_cores())
         with single_thread_run():        # small GEMMs on one BLAS thread, switched once per run
             for k in self.kernels:
                 st = k.step
@@ -94,15 +113,16 @@ class Simulator:
         How one process uses several cores: the heavy parts of a run (BLAS GEMMs, compiled
         loops, large numpy passes) release the GIL, BLAS stays on one thread per call, and
         each call is independent, so the results are exactly the sequential ones."""
-        threads = min(len(calls), threads or usable_cores())
-        if threads <= 1:
-            return [self.run(inputs, rounding, explain) for inputs in calls]
+        requested = threads or usable_cores()
+        threads = min(len(calls), requested)
+        if threads <= 1:        # one call at a time: its native kernels get the cores
+            return [self.run(inputs, rounding, explain, requested) for inputs in calls]
         if self._pool is None or self._pool._max_workers != threads:
             if self._pool is not None:
                 self._pool.shutdown(wait=False)
             self._pool = ThreadPoolExecutor(threads, thread_name_prefix="torq-nss")
         with single_thread_run(pinned=True):      # no BLAS switch while calls run side by side
-            futures = [self._pool.submit(self.run, inputs, rounding, explain) for inputs in calls]
+            futures = [self._pool.submit(self.run, inputs, rounding, explain, 1) for inputs in calls]
             return [f.result() for f in futures]
 
 

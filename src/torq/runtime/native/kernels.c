@@ -1,0 +1,472 @@
+/* The native engine's int8 kernels: convolution (any groups / stride / dilation / padding),
+ * depthwise convolution and fully connected, each with its requantisation fused, bit-identical
+ * to the reference simulator (runtime/kernels + torq/numerics).
+ *
+ * Exactness: every product sum is computed in integers (u8 x s8 -> int32, VNNI vpdpbusd or
+ * plain C), or, for depthwise, in float32 where the caller has proven |every partial sum| < 2**24
+ * (then float32 holds each one exactly, in any order). The int8 input x is fed to vpdpbusd as
+ * the unsigned byte x + 128 (x ^ 0x80); the constant 128 * sum(w) per output channel is taken
+ * off again in ``adj`` (with the bias), so the accumulator is the exact integer. It is wrapped to
+ * int32 (as the hardware's register) and requantised by torq/numerics/act.h.
+ *
+ * Convolution layout: NCHW in and out. The padded input is split in stride "phases" (one per
+ * (row, column) residue of the stride), each stored as channel quads [C/4][rows][Wq][4] of
+ * bytes; then every tap of the kernel is a constant offset into a phase, and the convolution is
+ * a GEMM over the flat output pixel index p = row * Wq + column ("wide" rows: the Wq - OW junk
+ * columns are computed and dropped). Lanes are 16 output pixels, registers hold 8 output
+ * channels x 1-3 pixel vectors; weights are broadcast 4 bytes (one channel quad) at a time.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "act.h"
+
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512F__)
+#define TORQ_VNNI 1
+#else
+#define TORQ_VNNI 0
+#endif
+
+#define R 8             /* output channels per register block */
+
+typedef struct {
+    const int32_t *adj;         /* [O] added to the raw dot product (bias, -128 sum w), int32 wrap */
+    const int32_t *mult;        /* [O] native multipliers */
+    const float *scale;         /* [O] ORT float32 requant scales */
+    int32_t shift, even, zp, lo, hi, ort;
+} torq_rq;
+
+typedef struct {
+    int32_t N, C, H, W;         /* input */
+    int32_t G, Cg, Og;          /* groups; input / output channels per group */
+    int32_t OH, OW;
+    int32_t T, nph;             /* kernel taps; stride phases */
+    int32_t rows, Wq;           /* every phase image is rows x Wq pixels */
+    int32_t sh, sw, pt, pl;
+    int32_t padv;               /* padding value (the input zero point, int8) */
+    int32_t L, Lpad, Lph;       /* pixels computed (OH * Wq), rounded up to 16, allocated per phase */
+    const int32_t *ph_ab;       /* [nph][2] phase (row, column) residue */
+    const int32_t *tap_ph;      /* [T] phase of each tap */
+    const int32_t *tap_off;     /* [T] pixel offset of each tap inside its phase */
+} torq_geom;
+
+int torq_features(void)
+{
+    return TORQ_VNNI;
+}
+
+/* ------------------------------------------------------------------ requantisation of a row */
+
+static void requant_row(const int32_t *acc, int n, int o, const torq_rq *q, int8_t *dst)
+{
+    const int32_t adj = q->adj[o];
+    if (q->ort) {
+        const float flo = (float)(q->lo - q->zp), fhi = (float)(q->hi - q->zp);
+        for (int i = 0; i < n; i++)
+            dst[i] = (int8_t)torq_requant_ort((int32_t)((uint32_t)acc[i] + (uint32_t)adj), q->scale[o], q->zp, flo, fhi);
+    } else {
+        for (int i = 0; i < n; i++)
+            dst[i] = (int8_t)torq_act_native((int32_t)((uint32_t)acc[i] + (uint32_t)adj), q->mult[o], q->shift,
+                                             q->even, q->zp, q->lo, q->hi);
+    }
+}
+
+#if TORQ_VNNI
+/* 16 accumulators of output channel o (adj included) -> 16 bytes */
+static inline __m128i requant16(__m512i acc, int o, const torq_rq *q)
+{
+    if (q->ort)
+        return torq_requant_ort_x16(acc, _mm512_set1_ps(q->scale[o]), q->zp, (float)(q->lo - q->zp),
+                                    (float)(q->hi - q->zp));
+    const __m512i m = _mm512_set1_epi64(q->mult[o]);
+    return torq_act_native_x16(acc, m, m, q->shift, q->even, q->zp, q->lo, q->hi);
+}
+#endif
+
+/* ------------------------------------------------------------------ convolution */
+
+/* The in-bounds output columns [q0, q1) of a phase row: 0 <= q * sw + b - pl < W. */
+static inline void col_range(const torq_geom *g, int b, int *q0, int *q1)
+{
+    const int lo = g->pl - b;                            /* q * sw >= lo */
+    int a0 = lo <= 0 ? 0 : (lo + g->sw - 1) / g->sw;
+    int a1 = (g->W + lo + g->sw - 1) / g->sw;            /* q * sw < W + lo */
+    if (a1 > g->Wq)
+        a1 = g->Wq;
+    if (a0 > a1)
+        a0 = a1;
+    *q0 = a0;
+    *q1 = a1;
+}
+
+static inline void fill32(uint8_t *d, int n, uint32_t v)
+{
+    for (int i = 0; i < n; i++)
+        memcpy(d + 4 * i, &v, 4);
+}
+
+/* d[4q + l] = s_l[q * sw] ^ 0x80 for q < n (4 channel rows into quads) */
+static void interleave4(uint8_t *d, const int8_t *s0, const int8_t *s1, const int8_t *s2, const int8_t *s3, int n,
+                        int sw)
+{
+    int q = 0;
+#if TORQ_VNNI
+    if (sw == 1) {
+        const __m128i f = _mm_set1_epi8((char)0x80);
+        for (; q + 16 <= n; q += 16) {
+            const __m128i a0 = _mm_xor_si128(_mm_loadu_si128((const __m128i *)(s0 + q)), f);
+            const __m128i a1 = _mm_xor_si128(_mm_loadu_si128((const __m128i *)(s1 + q)), f);
+            const __m128i a2 = _mm_xor_si128(_mm_loadu_si128((const __m128i *)(s2 + q)), f);
+            const __m128i a3 = _mm_xor_si128(_mm_loadu_si128((const __m128i *)(s3 + q)), f);
+            const __m128i lo01 = _mm_unpacklo_epi8(a0, a1), hi01 = _mm_unpackhi_epi8(a0, a1);
+            const __m128i lo23 = _mm_unpacklo_epi8(a2, a3), hi23 = _mm_unpackhi_epi8(a2, a3);
+            _mm_storeu_si128((__m128i *)(d + 4 * q), _mm_unpacklo_epi16(lo01, lo23));
+            _mm_storeu_si128((__m128i *)(d + 4 * q + 16), _mm_unpackhi_epi16(lo01, lo23));
+            _mm_storeu_si128((__m128i *)(d + 4 * q + 32), _mm_unpacklo_epi16(hi01, hi23));
+            _mm_storeu_si128((__m128i *)(d + 4 * q + 48), _mm_unpackhi_epi16(hi01, hi23));
+        }
+    }
+#endif
+    for (; q < n; q++) {
+        d[4 * q] = (uint8_t)s0[q * sw] ^ 0x80;
+        d[4 * q + 1] = (uint8_t)s1[q * sw] ^ 0x80;
+        d[4 * q + 2] = (uint8_t)s2[q * sw] ^ 0x80;
+        d[4 * q + 3] = (uint8_t)s3[q * sw] ^ 0x80;
+    }
+}
+
+/* Phase images of channels [c0, c0 + Cg) of image x [C][H][W] as u8 quads (x ^ 0x80); channels
+ * past Cg are 0 (their weights are 0). */
+static void pack_phases(const int8_t *x, const torq_geom *g, int c0, uint8_t *ph, int nthreads)
+{
+    const int CQ = (g->Cg + 3) / 4;
+    const uint8_t padu = (uint8_t)g->padv ^ 0x80;
+    const size_t plane = (size_t)g->Lph * 4;
+#pragma omp parallel for num_threads(nthreads) schedule(static) collapse(2) if (nthreads > 1)
+    for (int k = 0; k < g->nph; k++) {
+        for (int cq = 0; cq < CQ; cq++) {
+            const int a = g->ph_ab[2 * k], b = g->ph_ab[2 * k + 1];
+            const int nreal = g->Cg - 4 * cq < 4 ? g->Cg - 4 * cq : 4;
+            uint8_t pat[4] = {0, 0, 0, 0};
+            for (int l = 0; l < nreal; l++)
+                pat[l] = padu;
+            uint32_t pad32;
+            memcpy(&pad32, pat, 4);
+            int q0, q1;
+            col_range(g, b, &q0, &q1);
+            uint8_t *dst = ph + ((size_t)k * CQ + cq) * plane;
+            for (int r = 0; r < g->rows; r++) {
+                const int y = r * g->sh + a - g->pt;
+                uint8_t *d = dst + (size_t)r * g->Wq * 4;
+                if (y < 0 || y >= g->H) {
+                    fill32(d, g->Wq, pad32);
+                    continue;
+                }
+                fill32(d, q0, pad32);
+                fill32(d + 4 * q1, g->Wq - q1, pad32);
+                const int8_t *s[4] = {0, 0, 0, 0};
+                for (int l = 0; l < nreal; l++)
+                    s[l] = x + ((size_t)(c0 + 4 * cq + l) * g->H + y) * g->W + q0 * g->sw + b - g->pl;
+                if (nreal == 4) {
+                    interleave4(d + 4 * q0, s[0], s[1], s[2], s[3], q1 - q0, g->sw);
+                    continue;
+                }
+                for (int q = 0; q < q1 - q0; q++)
+                    for (int l = 0; l < 4; l++)
+                        d[4 * (q0 + q) + l] = l < nreal ? ((uint8_t)s[l][q * g->sw] ^ 0x80) : 0;
+            }
+            memset(dst + (size_t)g->rows * g->Wq * 4, 0, plane - (size_t)g->rows * g->Wq * 4);
+        }
+    }
+}
+
+#if TORQ_VNNI
+/* dot products of R channels x P pixel vectors at pixel p0; w [T][CQ][R][4] of this block */
+static inline __attribute__((always_inline)) void
+tile_vnni(const uint8_t *ph, const torq_geom *g, int CQ, const int8_t *w, int p0, int P, const torq_rq *q,
+          int ob, int Og, int8_t *obuf, size_t ostride)
+{
+    __m512i acc[R][3];
+    const size_t plane = (size_t)g->Lph * 4, phstride = plane * CQ;
+    for (int r = 0; r < R; r++) {                  /* adj first: int32 sums wrap alike in any order */
+        const __m512i a = _mm512_set1_epi32(ob * R + r < Og ? q->adj[ob * R + r] : 0);
+        for (int k = 0; k < P; k++)
+            acc[r][k] = a;
+    }
+    for (int t = 0; t < g->T; t++) {
+        const uint8_t *xb = ph + g->tap_ph[t] * phstride + (size_t)(g->tap_off[t] + p0) * 4;
+        for (int cq = 0; cq < CQ; cq++, xb += plane, w += R * 4) {
+            __m512i xv[3];
+            for (int k = 0; k < P; k++)
+                xv[k] = _mm512_loadu_si512(xb + 64 * k);
+            for (int r = 0; r < R; r++) {
+                const __m512i wb = _mm512_set1_epi32(((const int32_t *)w)[r]);
+                for (int k = 0; k < P; k++)
+                    acc[r][k] = _mm512_dpbusd_epi32(acc[r][k], xv[k], wb);
+            }
+        }
+    }
+    for (int r = 0; r < R; r++) {
+        const int o = ob * R + r;
+        if (o >= Og)
+            break;
+        for (int k = 0; k < P; k++)
+            _mm_storeu_si128((__m128i *)(obuf + (size_t)o * ostride + p0 + 16 * k), requant16(acc[r][k], o, q));
+    }
+}
+
+static void tile_p1(const uint8_t *ph, const torq_geom *g, int CQ, const int8_t *w, int p0, const torq_rq *q,
+                    int ob, int Og, int8_t *obuf, size_t ostride) { tile_vnni(ph, g, CQ, w, p0, 1, q, ob, Og, obuf, ostride); }
+static void tile_p2(const uint8_t *ph, const torq_geom *g, int CQ, const int8_t *w, int p0, const torq_rq *q,
+                    int ob, int Og, int8_t *obuf, size_t ostride) { tile_vnni(ph, g, CQ, w, p0, 2, q, ob, Og, obuf, ostride); }
+static void tile_p3(const uint8_t *ph, const torq_geom *g, int CQ, const int8_t *w, int p0, const torq_rq *q,
+                    int ob, int Og, int8_t *obuf, size_t ostride) { tile_vnni(ph, g, CQ, w, p0, 3, q, ob, Og, obuf, ostride); }
+#endif
+
+/* Portable form of a tile (16 * P pixels), same results. */
+__attribute__((unused)) static void tile_generic(const uint8_t *ph, const torq_geom *g, int CQ, const int8_t *w, int p0, int P,
+                         const torq_rq *q, int ob, int Og, int8_t *obuf, size_t ostride)
+{
+    int32_t acc[R][48];
+    const int n = 16 * P;
+    const size_t plane = (size_t)g->Lph * 4, phstride = plane * CQ;
+    memset(acc, 0, sizeof acc);
+    for (int t = 0; t < g->T; t++) {
+        const uint8_t *xb = ph + g->tap_ph[t] * phstride + (size_t)(g->tap_off[t] + p0) * 4;
+        for (int cq = 0; cq < CQ; cq++, xb += plane, w += R * 4) {
+            for (int r = 0; r < R; r++) {
+                const int32_t w0 = w[4 * r], w1 = w[4 * r + 1], w2 = w[4 * r + 2], w3 = w[4 * r + 3];
+                for (int i = 0; i < n; i++)
+                    acc[r][i] += xb[4 * i] * w0 + xb[4 * i + 1] * w1 + xb[4 * i + 2] * w2 + xb[4 * i + 3] * w3;
+            }
+        }
+    }
+    for (int r = 0; r < R; r++) {
+        const int o = ob * R + r;
+        if (o >= Og)
+            break;
+        requant_row(acc[r], n, o, q, obuf + (size_t)o * ostride + p0);
+    }
+}
+
+/* x [N][C][H][W] int8 -> out [N][G*Og][OH][OW] int8. wpack [G][OB][T][CQ][R][4]; rq indexed by
+ * the output channel of the whole layer (adj/mult/scale offset per group here). scratch: phases
+ * (nph * CQ * Lph * 4 bytes) then the wide output of one group (Og * Lpad bytes). */
+int torq_conv_i8(const int8_t *x, int8_t *out, const int8_t *wpack, const torq_geom *g, const torq_rq *rq,
+                 uint8_t *scratch, int nthreads)
+{
+    const int CQ = (g->Cg + 3) / 4, OB = (g->Og + R - 1) / R;
+    const int O = g->G * g->Og;
+    const size_t wblock = (size_t)g->T * CQ * R * 4;
+    uint8_t *ph = scratch;
+    int8_t *obuf = (int8_t *)(scratch + (size_t)g->nph * CQ * g->Lph * 4);
+    const int nvec = g->Lpad / 16, n3 = nvec / 3, rest = nvec % 3;
+    const int ntiles = n3 + (rest ? 1 : 0);
+    const int direct = g->Wq == g->OW && g->L == g->Lpad;     /* tiles write the output itself */
+    const size_t ostride = direct ? (size_t)g->L : (size_t)g->Lpad;
+    for (int n = 0; n < g->N; n++) {
+        for (int gi = 0; gi < g->G; gi++) {
+            torq_rq q = *rq;
+            q.adj += gi * g->Og;
+            q.mult += gi * g->Og;
+            q.scale += gi * g->Og;
+            pack_phases(x + (size_t)n * g->C * g->H * g->W, g, gi * g->Cg, ph, nthreads);
+            const int8_t *wg = wpack + (size_t)gi * OB * wblock;
+            int8_t *ob_ = direct ? out + ((size_t)n * O + gi * g->Og) * g->L : obuf;
+#pragma omp parallel for num_threads(nthreads) schedule(static) collapse(2) if (nthreads > 1)
+            for (int ob = 0; ob < OB; ob++) {
+                for (int tl = 0; tl < ntiles; tl++) {
+                    const int8_t *w = wg + (size_t)ob * wblock;
+                    const int p0 = tl * 48, P = tl < n3 ? 3 : rest;
+#if TORQ_VNNI
+                    if (P == 3)
+                        tile_p3(ph, g, CQ, w, p0, &q, ob, g->Og, ob_, ostride);
+                    else if (P == 2)
+                        tile_p2(ph, g, CQ, w, p0, &q, ob, g->Og, ob_, ostride);
+                    else
+                        tile_p1(ph, g, CQ, w, p0, &q, ob, g->Og, ob_, ostride);
+#else
+                    tile_generic(ph, g, CQ, w, p0, P, &q, ob, g->Og, ob_, ostride);
+#endif
+                }
+            }
+            if (direct)
+                continue;
+            for (int o = 0; o < g->Og; o++) {
+                int8_t *dst = out + (((size_t)n * O + gi * g->Og + o) * g->OH) * g->OW;
+                for (int r = 0; r < g->OH; r++)
+                    memcpy(dst + (size_t)r * g->OW, obuf + (size_t)o * g->Lpad + (size_t)r * g->Wq, g->OW);
+            }
+        }
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------ depthwise convolution */
+
+/* One channel plane: float phases, float accumulation (exact: the caller bounds every partial
+ * sum below 2**24), requantised into the wide row obuf [Lpad]. */
+static void dw_plane(const int8_t *x, const float *w, const torq_geom *g, int c, const torq_rq *q, float *ph,
+                     int8_t *obuf)
+{
+    const float padf = (float)g->padv;
+    for (int k = 0; k < g->nph; k++) {
+        const int a = g->ph_ab[2 * k], b = g->ph_ab[2 * k + 1];
+        float *dst = ph + (size_t)k * g->Lph;
+        int q0, q1;
+        col_range(g, b, &q0, &q1);
+        for (int r = 0; r < g->rows; r++) {
+            const int y = r * g->sh + a - g->pt;
+            float *d = dst + (size_t)r * g->Wq;
+            if (y < 0 || y >= g->H) {
+                for (int qq = 0; qq < g->Wq; qq++)
+                    d[qq] = padf;
+                continue;
+            }
+            for (int qq = 0; qq < q0; qq++)
+                d[qq] = padf;
+            for (int qq = q1; qq < g->Wq; qq++)
+                d[qq] = padf;
+            const int8_t *src = x + (size_t)y * g->W + q0 * g->sw + b - g->pl;
+            float *dd = d + q0;
+            const int n = q1 - q0;
+            int i = 0;
+#if TORQ_VNNI
+            if (g->sw == 2)             /* even bytes of 32 int16 lanes: sign-extend the low byte */
+                for (; i + 16 <= n && 2 * i + 32 <= g->W - (q0 * g->sw + b - g->pl); i += 16) {
+                    __m256i v = _mm256_loadu_si256((const __m256i *)(src + 2 * i));
+                    v = _mm256_srai_epi16(_mm256_slli_epi16(v, 8), 8);
+                    _mm512_storeu_ps(dd + i, _mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(v)));
+                }
+#endif
+            if (g->sw == 1)
+                for (; i < n; i++)
+                    dd[i] = (float)src[i];
+            else
+                for (; i < n; i++)
+                    dd[i] = (float)src[i * g->sw];
+        }
+        for (size_t i = (size_t)g->rows * g->Wq; i < (size_t)g->Lph; i++)
+            dst[i] = 0.0f;
+    }
+#if TORQ_VNNI
+    for (int p0 = 0; p0 < g->Lpad; p0 += 64) {
+        const int P = (g->Lpad - p0) >= 64 ? 4 : (g->Lpad - p0) / 16;
+        __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+        for (int t = 0; t < g->T; t++) {
+            const float *src = ph + (size_t)g->tap_ph[t] * g->Lph + g->tap_off[t] + p0;
+            const __m512 wv = _mm512_set1_ps(w[t]);
+            for (int k = 0; k < P; k++)
+                acc[k] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(src + 16 * k), acc[k]);   /* exact */
+        }
+        for (int k = 0; k < P; k++)
+            _mm_storeu_si128((__m128i *)(obuf + p0 + 16 * k),
+                             requant16(_mm512_add_epi32(_mm512_cvtps_epi32(acc[k]), _mm512_set1_epi32(q->adj[c])), c, q));
+    }
+#else
+    int32_t acc[64];
+    for (int p0 = 0; p0 < g->Lpad; p0 += 64) {
+        const int n = (g->Lpad - p0) >= 64 ? 64 : g->Lpad - p0;
+        float f[64] = {0};
+        for (int t = 0; t < g->T; t++) {
+            const float *src = ph + (size_t)g->tap_ph[t] * g->Lph + g->tap_off[t] + p0;
+            for (int i = 0; i < n; i++)
+                f[i] += w[t] * src[i];
+        }
+        for (int i = 0; i < n; i++)
+            acc[i] = (int32_t)f[i];
+        requant_row(acc, n, c, q, obuf + p0);
+    }
+#endif
+}
+
+/* x [N][C][H][W] -> out [N][C][OH][OW]; wf [C][T] float weights; per-thread scratch of
+ * nph * Lph floats + Lpad bytes (rounded up to 64 bytes), nthreads of them. */
+int torq_dw_i8(const int8_t *x, int8_t *out, const float *wf, const torq_geom *g, const torq_rq *rq,
+               uint8_t *scratch, int nthreads)
+{
+    const size_t phb = (size_t)g->nph * g->Lph * sizeof(float);
+    const size_t per = (phb + g->Lpad + 63) / 64 * 64;
+    const int C = g->C, total = g->N * C;
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (nthreads > 1)
+    for (int i = 0; i < total; i++) {
+        int tid = 0;
+#ifdef _OPENMP
+        tid = omp_get_thread_num();
+#endif
+        const int n = i / C, c = i % C;
+        float *ph = (float *)(scratch + per * tid);
+        int8_t *obuf = (int8_t *)(scratch + per * tid + phb);
+        dw_plane(x + ((size_t)n * C + c) * g->H * g->W, wf + (size_t)c * g->T, g, c, rq, ph, obuf);
+        int8_t *dst = out + ((size_t)n * C + c) * g->OH * g->OW;
+        for (int r = 0; r < g->OH; r++)
+            memcpy(dst + (size_t)r * g->OW, obuf + (size_t)r * g->Wq, g->OW);
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------ fully connected */
+
+/* x [M][K] int8 -> out [M][O] int8; wpack [O/16][KQ][16][4] (O, K zero-padded); scratch KQ*4
+ * bytes per thread (the row as u8 quads). Lanes are 16 output channels. */
+int torq_fc_i8(const int8_t *x, int8_t *out, const int8_t *wpack, int M, int K, int O, const torq_rq *rq,
+               uint8_t *scratch, int nthreads)
+{
+    const int KQ = (K + 3) / 4, OB = (O + 15) / 16;
+    (void)nthreads;
+    for (int m = 0; m < M; m++) {
+        uint8_t *xq = scratch;
+        for (int k = 0; k < KQ * 4; k++)
+            xq[k] = k < K ? ((uint8_t)x[(size_t)m * K + k] ^ 0x80) : 0;
+        for (int ob = 0; ob < OB; ob++) {
+            const int8_t *w = wpack + (size_t)ob * KQ * 64;
+            int32_t acc[16];
+#if TORQ_VNNI
+            __m512i a[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(),
+                            _mm512_setzero_si512()};
+            int kq = 0;
+            for (; kq + 4 <= KQ; kq += 4)
+                for (int j = 0; j < 4; j++)
+                    a[j] = _mm512_dpbusd_epi32(a[j], _mm512_set1_epi32(((const int32_t *)xq)[kq + j]),
+                                               _mm512_loadu_si512(w + (size_t)(kq + j) * 64));
+            for (; kq < KQ; kq++)
+                a[0] = _mm512_dpbusd_epi32(a[0], _mm512_set1_epi32(((const int32_t *)xq)[kq]),
+                                           _mm512_loadu_si512(w + (size_t)kq * 64));
+            _mm512_storeu_si512(acc, _mm512_add_epi32(_mm512_add_epi32(a[0], a[1]), _mm512_add_epi32(a[2], a[3])));
+#else
+            memset(acc, 0, sizeof acc);
+            for (int kq = 0; kq < KQ; kq++)
+                for (int l = 0; l < 16; l++)
+                    for (int j = 0; j < 4; j++)
+                        acc[l] += xq[4 * kq + j] * w[(size_t)kq * 64 + 4 * l + j];
+#endif
+            const int n = O - ob * 16 < 16 ? O - ob * 16 : 16;
+            for (int l = 0; l < n; l++) {
+                int8_t v;
+                requant_row(&acc[l], 1, ob * 16 + l, rq, &v);
+                out[(size_t)m * O + ob * 16 + l] = v;
+            }
+        }
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------ numerics check */
+
+/* The requantisation of n accumulators of channel 0 of rq (adj included), through the same code
+ * the kernels use (vector and scalar parts): tests hold it against torq.numerics. */
+int torq_requant_i8(const int32_t *acc, int n, const torq_rq *rq, int8_t *out)
+{
+    int i = 0;
+#if TORQ_VNNI
+    for (; i + 16 <= n; i += 16)
+        _mm_storeu_si128((__m128i *)(out + i),
+                         requant16(_mm512_add_epi32(_mm512_loadu_si512(acc + i), _mm512_set1_epi32(rq->adj[0])), 0, rq));
+#endif
+    requant_row(acc + i, n - i, 0, rq, out + i);
+    return 0;
+}
