@@ -26,14 +26,14 @@ class ResultCache:
         h.update(model_bytes)
         return h.hexdigest()
 
-    def _path(self, key: str, executor: str) -> Path:
+    def path(self, key: str, executor: str) -> Path:
         return self.root / "results" / key[:2] / f"{key}.{executor}.json"
 
     def get(self, key: str, executor: str) -> dict | None:
         if self.recompute:
             return None
         try:
-            result = json.loads(self._path(key, executor).read_text())
+            result = json.loads(self.path(key, executor).read_text())
         except (OSError, ValueError):
             return None
         self.hits += 1
@@ -41,6 +41,6 @@ class ResultCache:
 
     def put(self, key: str, executor: str, result: dict) -> None:
         try:
-            atomic_write_json(self._path(key, executor), result)
+            atomic_write_json(self.path(key, executor), result)
         except OSError:
             pass  # a read-only cache only costs speed

@@ -70,6 +70,11 @@ def add_common_args(p, debug_ir_default=None) -> None:
                    help="write the IR of every stage of every compiled layer/segment to DIR (default 'tmp')")
     p.add_argument("--rounding", default="native", choices=("native", "ort"),
                    help="NSS rounding: native (the NPU's) or ort (ONNX Runtime's, bit-exact)")
+    p.add_argument("--engine", choices=("native", "reference"), default=None,
+                   help="NSS simulator engine: native (compiled int8 kernels, the default) or reference "
+                        "(numpy); results are identical")
+    p.add_argument("--ray", nargs="?", const=True, default=None, metavar="ADDRESS",
+                   help="work as Ray tasks: a local instance, or the cluster at ADDRESS (docs/ray.md)")
     q = p.add_argument_group("quantization (discover and run must use the same flags)")
     q.add_argument("--quantize", action="store_true", help="statically quantize the model (and each layer) to int8")
     q.add_argument("--per-channel", action="store_true", help="one weight scale per output channel")
@@ -119,3 +124,9 @@ def check_output_dir(out: Path) -> None:
         raise TorqError(f"--output-dir {out}: cannot create: {e.strerror}") from None
     if not os.access(out, os.W_OK):
         raise TorqError(f"--output-dir {out}: not writable")
+
+
+def use_engine(engine: str | None) -> None:
+    """--engine: the NSS engine of this process and of every worker it starts (TORQ_ENGINE)."""
+    if engine:
+        os.environ["TORQ_ENGINE"] = engine

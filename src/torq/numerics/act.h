@@ -43,25 +43,30 @@ static inline int32_t torq_requant_ort(int32_t acc, float scale, int32_t zp, flo
 #if defined(__AVX512F__) && defined(__AVX512BW__)
 #include <immintrin.h>
 
-/* 16 lanes; lane i has multiplier m[i] (mlo: lanes 0-7, mhi: 8-15, each as int64 holding an
- * int32 value). Results clamped to [lo, hi] (within int8), as 16 bytes. */
-static inline __m128i torq_act_native_x16(__m512i acc, __m512i mlo, __m512i mhi, int shift, int even,
-                                          int32_t zp, int32_t lo, int32_t hi)
+/* 16 lanes; lane i has multiplier m[i] (int32 lanes). The int64 products of the even and the
+ * odd lanes are formed separately (vpmuldq reads the low half of each 64-bit lane), rounded,
+ * clamped to [lo, hi] (within int8) and put back together as 16 bytes. */
+static inline __m128i torq_act_native_x16(__m512i acc, __m512i m, int shift, int even, int32_t zp, int32_t lo,
+                                          int32_t hi)
 {
     const __m128i sh = _mm_cvtsi32_si128(shift);
-    const __m512i r = _mm512_set1_epi64((INT64_C(1) << shift) >> 1);
+    /* the zero point rides along in the rounding constant where zp * 2**s cannot overflow */
+    const int fold = shift <= 52;
+    const __m512i r = _mm512_set1_epi64(((INT64_C(1) << shift) >> 1) + (fold ? (int64_t)zp * (INT64_C(1) << shift) : 0));
     const __m512i one = _mm512_set1_epi64(1);
-    const __m512i z = _mm512_set1_epi64(zp), l = _mm512_set1_epi64(lo), h = _mm512_set1_epi64(hi);
+    const __m512i z = _mm512_set1_epi64(fold ? 0 : zp), l = _mm512_set1_epi64(lo), h = _mm512_set1_epi64(hi);
     __m512i t[2];
-    t[0] = _mm512_mul_epi32(_mm512_cvtepi32_epi64(_mm512_castsi512_si256(acc)), mlo);
-    t[1] = _mm512_mul_epi32(_mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(acc, 1)), mhi);
+    t[0] = _mm512_mul_epi32(acc, m);
+    t[1] = _mm512_mul_epi32(_mm512_srli_epi64(acc, 32), _mm512_srli_epi64(m, 32));
     for (int k = 0; k < 2; k++) {
         if (even)
             t[k] = _mm512_add_epi64(t[k], _mm512_sub_epi64(_mm512_and_si512(_mm512_sra_epi64(t[k], sh), one), one));
-        t[k] = _mm512_add_epi64(_mm512_sra_epi64(_mm512_add_epi64(t[k], r), sh), z);
+        t[k] = _mm512_sra_epi64(_mm512_add_epi64(t[k], r), sh);
+        if (!fold)
+            t[k] = _mm512_add_epi64(t[k], z);
         t[k] = _mm512_min_epi64(_mm512_max_epi64(t[k], l), h);
     }
-    return _mm_unpacklo_epi64(_mm512_cvtepi64_epi8(t[0]), _mm512_cvtepi64_epi8(t[1]));
+    return _mm512_cvtepi32_epi8(_mm512_mask_mov_epi32(t[0], 0xAAAA, _mm512_slli_epi64(t[1], 32)));
 }
 
 static inline __m128i torq_requant_ort_x16(__m512i acc, __m512 scale, int32_t zp, float flo, float fhi)

@@ -31,10 +31,15 @@ def _compiler_version() -> str:
     return version("iree-base-compiler")
 
 
+def vmfb_path(linalg_text: str, backend: str, cache_dir: str | Path) -> Path:
+    """Where ``compile_vmfb`` caches the module of ``linalg_text`` for ``backend``."""
+    key = hashlib.sha256(f"{_compiler_version()}|{backend}|".encode() + linalg_text.encode()).hexdigest()
+    return Path(cache_dir) / "iree" / f"{key}.vmfb"
+
+
 def compile_vmfb(linalg_text: str, backend: str, cache_dir: str | Path | None = None) -> bytes:
     """linalg MLIR text -> IREE flatbuffer for ``backend`` (vmvx | llvm-cpu), cached by content."""
-    key = hashlib.sha256(f"{_compiler_version()}|{backend}|".encode() + linalg_text.encode()).hexdigest()
-    path = Path(cache_dir) / "iree" / f"{key}.vmfb" if cache_dir else None
+    path = vmfb_path(linalg_text, backend, cache_dir) if cache_dir else None
     if path is not None and path.exists():
         return path.read_bytes()
     import iree.compiler as ic

@@ -82,8 +82,7 @@ static inline __m128i requant16(__m512i acc, int o, const torq_rq *q)
     if (q->ort)
         return torq_requant_ort_x16(acc, _mm512_set1_ps(q->scale[o]), q->zp, (float)(q->lo - q->zp),
                                     (float)(q->hi - q->zp));
-    const __m512i m = _mm512_set1_epi64(q->mult[o]);
-    return torq_act_native_x16(acc, m, m, q->shift, q->even, q->zp, q->lo, q->hi);
+    return torq_act_native_x16(acc, _mm512_set1_epi32(q->mult[o]), q->shift, q->even, q->zp, q->lo, q->hi);
 }
 #endif
 
@@ -140,13 +139,13 @@ static void interleave4(uint8_t *d, const int8_t *s0, const int8_t *s1, const in
 }
 
 /* Phase images of channels [c0, c0 + Cg) of image x [C][H][W] as u8 quads (x ^ 0x80); channels
- * past Cg are 0 (their weights are 0). */
-static void pack_phases(const int8_t *x, const torq_geom *g, int c0, uint8_t *ph, int nthreads)
+ * past Cg are 0 (their weights are 0). Work-shared by the threads of the enclosing region. */
+static void pack_phases(const int8_t *x, const torq_geom *g, int c0, uint8_t *ph)
 {
     const int CQ = (g->Cg + 3) / 4;
     const uint8_t padu = (uint8_t)g->padv ^ 0x80;
     const size_t plane = (size_t)g->Lph * 4;
-#pragma omp parallel for num_threads(nthreads) schedule(static) collapse(2) if (nthreads > 1)
+#pragma omp for schedule(static) collapse(2)
     for (int k = 0; k < g->nph; k++) {
         for (int cq = 0; cq < CQ; cq++) {
             const int a = g->ph_ab[2 * k], b = g->ph_ab[2 * k + 1];
@@ -268,16 +267,18 @@ int torq_conv_i8(const int8_t *x, int8_t *out, const int8_t *wpack, const torq_g
     const int ntiles = n3 + (rest ? 1 : 0);
     const int direct = g->Wq == g->OW && g->L == g->Lpad;     /* tiles write the output itself */
     const size_t ostride = direct ? (size_t)g->L : (size_t)g->Lpad;
+    const int chunk = ntiles * OB / (nthreads * 8) + 1;
+#pragma omp parallel num_threads(nthreads) if (nthreads > 1)
     for (int n = 0; n < g->N; n++) {
         for (int gi = 0; gi < g->G; gi++) {
             torq_rq q = *rq;
             q.adj += gi * g->Og;
             q.mult += gi * g->Og;
             q.scale += gi * g->Og;
-            pack_phases(x + (size_t)n * g->C * g->H * g->W, g, gi * g->Cg, ph, nthreads);
+            pack_phases(x + (size_t)n * g->C * g->H * g->W, g, gi * g->Cg, ph);
             const int8_t *wg = wpack + (size_t)gi * OB * wblock;
             int8_t *ob_ = direct ? out + ((size_t)n * O + gi * g->Og) * g->L : obuf;
-#pragma omp parallel for num_threads(nthreads) schedule(static) collapse(2) if (nthreads > 1)
+#pragma omp for schedule(dynamic, chunk) collapse(2)
             for (int ob = 0; ob < OB; ob++) {
                 for (int tl = 0; tl < ntiles; tl++) {
                     const int8_t *w = wg + (size_t)ob * wblock;
@@ -296,6 +297,7 @@ int torq_conv_i8(const int8_t *x, int8_t *out, const int8_t *wpack, const torq_g
             }
             if (direct)
                 continue;
+#pragma omp for schedule(static)
             for (int o = 0; o < g->Og; o++) {
                 int8_t *dst = out + (((size_t)n * O + gi * g->Og + o) * g->OH) * g->OW;
                 for (int r = 0; r < g->OH; r++)
@@ -392,7 +394,7 @@ int torq_dw_i8(const int8_t *x, int8_t *out, const float *wf, const torq_geom *g
     const size_t phb = (size_t)g->nph * g->Lph * sizeof(float);
     const size_t per = (phb + g->Lpad + 63) / 64 * 64;
     const int C = g->C, total = g->N * C;
-#pragma omp parallel for num_threads(nthreads) schedule(static) if (nthreads > 1)
+#pragma omp parallel for num_threads(nthreads) schedule(dynamic, 4) if (nthreads > 1)
     for (int i = 0; i < total; i++) {
         int tid = 0;
 #ifdef _OPENMP
