@@ -16,15 +16,15 @@ import onnx
 from .. import numerics
 from ..errors import TorqError
 from ..fileio import atomic_write_text
-from ..graph import signedness
-from ..graph.canonicalize import canonicalize
+from ..graph.io_quant import io_quant_params
 from ..graph.load import load_model
-from ..graph.shapes import fold_shape_arithmetic, slice_constant_gathers
-from ..graph.specialise import specialise_dynamic_dims
 from ..graph.validate import validate
 from ..program import Program
-from ..quantize.full_integer import io_quant_params
 from . import importer, lowering, torq_hl
+from .frontend import signedness
+from .frontend.canonicalize import canonicalize
+from .frontend.fold_shapes import fold_shape_arithmetic, slice_constant_gathers
+from .frontend.specialise import specialise_dynamic_dims
 from .emit import emit_program
 
 STAGES = ("torch_onnx", "torch", "linalg", "torq_hl")
@@ -77,7 +77,7 @@ def _graph_io(model):
 
 def import_graph(model: onnx.ModelProto) -> onnx.ModelProto:
     """The ONNX graph whose k-th non-Constant node is the k-th imported torch.operator: batch 1
-    (graph/specialise.py), contrib ops in standard form, shape arithmetic folded and constant-index
+    (compiler/frontend/specialise.py), contrib ops in standard form, shape arithmetic folded and constant-index
     Gathers as slices (graph/shapes.py). `gen_config run` partitions this same graph."""
     model = canonicalize(specialise_dynamic_dims(model))
     return slice_constant_gathers(fold_shape_arithmetic(model))

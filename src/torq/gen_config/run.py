@@ -113,8 +113,7 @@ def compile_segment(cache_root: str, engine, model_bytes: bytes, executor: str, 
     """A Ray task: build one segment's runnable against ``cache_root``; [(cache-relative path,
     bytes)] of the artifact it compiled ([] when it does not compile: ``execute`` reports that)."""
     import onnx
-    from ..runtime import iree
-    from .executors import nss
+    from .executors import iree, nss
     os.environ["TORQ_GEN_CONFIG_CACHE_DIR"] = cache_root
     if engine:
         os.environ["TORQ_ENGINE"] = engine
@@ -183,7 +182,7 @@ def _hkey(item):
 def ort_intermediates(c, inputs: dict) -> dict:
     """ONNX Runtime on the canonical model with every node output exposed."""
     import onnx
-    from ..runtime import reference
+    from .. import reference
     m = onnx.shape_inference.infer_shapes(c)
     have = {o.name for o in m.graph.output}
     typed = {v.name: v for v in list(m.graph.value_info)}
@@ -223,7 +222,7 @@ def c_nodes(c) -> list:
 
 def run_full(opts: RunOptions, log=None) -> tuple[dict, Path]:
     from ..compiler.pipeline import import_graph
-    from ..runtime import reference
+    from .. import reference
     layers, suffix, q = model_and_layers(opts.model, opts.quant, opts.subgraph)
     path = schema.report_path(opts.output_dir, opts.model.stem, suffix)
     report = schema.load(path)
