@@ -58,6 +58,11 @@ class Simulator:
         self.kernels = [self._bind(st, engine) for st in program.steps]
         self._pool: ThreadPoolExecutor | None = None
 
+    @property
+    def native_steps(self) -> int:
+        """Steps bound to a native kernel (the rest run on the reference kernels)."""
+        return sum(bool(getattr(k.fn, "native", False)) for k in self.kernels)
+
     def __getstate__(self):
         """Picklable / copyable: the thread pool of ``run_many`` is not carried along."""
         return {**self.__dict__, "_pool": None}

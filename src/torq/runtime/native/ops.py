@@ -227,6 +227,8 @@ def make(st, rtype, reference):
         fn = _native_step(FcNative, st, rtype, reference)
     else:
         return None
-    if fn is not None and getattr(reference, "check", None) is not None:
-        fn.check = reference.check
+    if fn is not None:
+        fn.native = True                                  # Simulator.native_steps counts these
+        if getattr(reference, "check", None) is not None:
+            fn.check = reference.check
     return fn
