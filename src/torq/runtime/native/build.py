@@ -25,8 +25,8 @@ import threading
 from pathlib import Path
 
 _HERE = Path(__file__).resolve().parent
-SOURCES = (_HERE / "kernels.c", _HERE.parent.parent / "numerics" / "act.h")
-_BASE_FLAGS = ["-O3", "-std=c11", "-fPIC", "-shared", "-ffp-contract=off", "-fno-strict-aliasing"]
+SOURCES = (_HERE / "kernels.c", _HERE.parent.parent / "numerics" / "act.h", _HERE / "pool.h")
+_BASE_FLAGS = ["-O3", "-std=gnu11", "-fPIC", "-shared", "-pthread", "-ffp-contract=off", "-fno-strict-aliasing"]
 
 _lock = threading.Lock()
 _state: dict = {}
@@ -110,7 +110,7 @@ def _build(cc: str, flags: list[str], dest: Path) -> str | None:
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=dest.parent)
     os.close(fd)
     try:
-        cmd = [cc, *flags, "-I", str(SOURCES[1].parent), str(SOURCES[0]), "-o", tmp, "-lm"]
+        cmd = [cc, *flags, "-I", str(SOURCES[1].parent), str(SOURCES[0]), "-o", tmp, "-lm", "-lpthread"]
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         if r.returncode:
             lines = [ln for ln in (r.stderr or r.stdout).splitlines() if "error" in ln] or ["failed"]
@@ -126,18 +126,16 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
     cc = _compiler()
     if cc is None:
         return None, "no C compiler (set CC, or install gcc)"
-    error = "?"
-    for omp in (["-fopenmp"], []):
-        flags = [*_BASE_FLAGS, *_arch_flags(), *omp]
-        path = _cache_dir() / f"torq_kernels_{_key(cc, flags)}.so"
-        if not path.exists():
-            try:
-                error = _build(cc, flags, path)
-            except OSError:                  # cache not writable: build in a temp dir
-                path = Path(tempfile.mkdtemp(prefix="torq-native-")) / path.name
-                error = _build(cc, flags, path)
-            if error is not None:
-                continue
+    flags = [*_BASE_FLAGS, *_arch_flags()]
+    path = _cache_dir() / f"torq_kernels_{_key(cc, flags)}.so"
+    error = None
+    if not path.exists():
+        try:
+            error = _build(cc, flags, path)
+        except OSError:                      # cache not writable: build in a temp dir
+            path = Path(tempfile.mkdtemp(prefix="torq-native-")) / path.name
+            error = _build(cc, flags, path)
+    if error is None:
         try:
             return _bind(ctypes.CDLL(str(path))), ""
         except OSError as e:

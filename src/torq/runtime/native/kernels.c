@@ -19,11 +19,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
-
 #include "act.h"
+#include "pool.h"
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512F__)
 #define TORQ_VNNI 1
@@ -138,16 +135,15 @@ static void interleave4(uint8_t *d, const int8_t *s0, const int8_t *s1, const in
     }
 }
 
-/* Phase images of channels [c0, c0 + Cg) of image x [C][H][W] as u8 quads (x ^ 0x80); channels
- * past Cg are 0 (their weights are 0). Work-shared by the threads of the enclosing region. */
-static void pack_phases(const int8_t *x, const torq_geom *g, int c0, uint8_t *ph)
+/* Phase k, channel quad cq of channels [c0, c0 + Cg) of image x [C][H][W] as u8 quads
+ * (x ^ 0x80); channels past Cg are 0 (their weights are 0). */
+static void pack_phase(const int8_t *x, const torq_geom *g, int c0, uint8_t *ph, int k, int cq)
 {
     const int CQ = (g->Cg + 3) / 4;
     const uint8_t padu = (uint8_t)g->padv ^ 0x80;
     const size_t plane = (size_t)g->Lph * 4;
-#pragma omp for schedule(static) collapse(2)
-    for (int k = 0; k < g->nph; k++) {
-        for (int cq = 0; cq < CQ; cq++) {
+    {
+        {
             const int a = g->ph_ab[2 * k], b = g->ph_ab[2 * k + 1];
             const int nreal = g->Cg - 4 * cq < 4 ? g->Cg - 4 * cq : 4;
             uint8_t pat[4] = {0, 0, 0, 0};
@@ -252,57 +248,88 @@ __attribute__((unused)) static void tile_generic(const uint8_t *ph, const torq_g
     }
 }
 
+/* One group of one image, shared by the chunks of its parallel loops. */
+typedef struct {
+    const int8_t *x, *w;            /* image; this group's packed weights */
+    const torq_geom *g;
+    torq_rq q;                      /* this group's requantisation */
+    uint8_t *ph;
+    int8_t *obuf, *out;             /* tiles write obuf (stride ostride); out: the group's planes */
+    size_t ostride, wblock;
+    int c0, CQ, OB, ntiles, n3, rest, per;   /* per: tiles per chunk */
+} conv_job;
+
+static void pack_chunk(void *ctx, int i)
+{
+    const conv_job *j = ctx;
+    pack_phase(j->x, j->g, j->c0, j->ph, i / j->CQ, i % j->CQ);
+}
+
+static void tiles_chunk(void *ctx, int i)
+{
+    const conv_job *j = ctx;
+    const int total = j->OB * j->ntiles, end = (i + 1) * j->per < total ? (i + 1) * j->per : total;
+    for (int t = i * j->per; t < end; t++) {
+        const int ob = t / j->ntiles, tl = t % j->ntiles;
+        const int8_t *w = j->w + (size_t)ob * j->wblock;
+        const int p0 = tl * 48, P = tl < j->n3 ? 3 : j->rest;
+#if TORQ_VNNI
+        if (P == 3)
+            tile_p3(j->ph, j->g, j->CQ, w, p0, &j->q, ob, j->g->Og, j->obuf, j->ostride);
+        else if (P == 2)
+            tile_p2(j->ph, j->g, j->CQ, w, p0, &j->q, ob, j->g->Og, j->obuf, j->ostride);
+        else
+            tile_p1(j->ph, j->g, j->CQ, w, p0, &j->q, ob, j->g->Og, j->obuf, j->ostride);
+#else
+        tile_generic(j->ph, j->g, j->CQ, w, p0, P, &j->q, ob, j->g->Og, j->obuf, j->ostride);
+#endif
+    }
+}
+
+static void compact_chunk(void *ctx, int o)
+{
+    const conv_job *j = ctx;
+    const torq_geom *g = j->g;
+    int8_t *dst = j->out + (size_t)o * g->OH * g->OW;
+    for (int r = 0; r < g->OH; r++)
+        memcpy(dst + (size_t)r * g->OW, j->obuf + (size_t)o * g->Lpad + (size_t)r * g->Wq, g->OW);
+}
+
 /* x [N][C][H][W] int8 -> out [N][G*Og][OH][OW] int8. wpack [G][OB][T][CQ][R][4]; rq indexed by
- * the output channel of the whole layer (adj/mult/scale offset per group here). scratch: phases
- * (nph * CQ * Lph * 4 bytes) then the wide output of one group (Og * Lpad bytes). */
+ * the output channel of the whole layer. scratch: phases (nph * CQ * Lph * 4 bytes) then the
+ * wide output of one group (Og * Lpad bytes). */
 int torq_conv_i8(const int8_t *x, int8_t *out, const int8_t *wpack, const torq_geom *g, const torq_rq *rq,
                  uint8_t *scratch, int nthreads)
 {
-    const int CQ = (g->Cg + 3) / 4, OB = (g->Og + R - 1) / R;
-    const int O = g->G * g->Og;
-    const size_t wblock = (size_t)g->T * CQ * R * 4;
-    uint8_t *ph = scratch;
-    int8_t *obuf = (int8_t *)(scratch + (size_t)g->nph * CQ * g->Lph * 4);
-    const int nvec = g->Lpad / 16, n3 = nvec / 3, rest = nvec % 3;
-    const int ntiles = n3 + (rest ? 1 : 0);
-    const int direct = g->Wq == g->OW && g->L == g->Lpad;     /* tiles write the output itself */
-    const size_t ostride = direct ? (size_t)g->L : (size_t)g->Lpad;
-    const int chunk = ntiles * OB / (nthreads * 8) + 1;
-#pragma omp parallel num_threads(nthreads) if (nthreads > 1)
+    conv_job j;
+    j.g = g;
+    j.CQ = (g->Cg + 3) / 4;
+    j.OB = (g->Og + R - 1) / R;
+    j.wblock = (size_t)g->T * j.CQ * R * 4;
+    j.ph = scratch;
+    const int nvec = g->Lpad / 16;
+    j.n3 = nvec / 3;
+    j.rest = nvec % 3;
+    j.ntiles = j.n3 + (j.rest ? 1 : 0);
+    j.per = j.OB * j.ntiles / (nthreads * 8) + 1;
+    const int direct = g->Wq == g->OW && g->L == g->Lpad;      /* tiles write the output itself */
+    j.ostride = direct ? (size_t)g->L : (size_t)g->Lpad;
+    const int O = g->G * g->Og, nchunks = (j.OB * j.ntiles + j.per - 1) / j.per;
     for (int n = 0; n < g->N; n++) {
         for (int gi = 0; gi < g->G; gi++) {
-            torq_rq q = *rq;
-            q.adj += gi * g->Og;
-            q.mult += gi * g->Og;
-            q.scale += gi * g->Og;
-            pack_phases(x + (size_t)n * g->C * g->H * g->W, g, gi * g->Cg, ph);
-            const int8_t *wg = wpack + (size_t)gi * OB * wblock;
-            int8_t *ob_ = direct ? out + ((size_t)n * O + gi * g->Og) * g->L : obuf;
-#pragma omp for schedule(dynamic, chunk) collapse(2)
-            for (int ob = 0; ob < OB; ob++) {
-                for (int tl = 0; tl < ntiles; tl++) {
-                    const int8_t *w = wg + (size_t)ob * wblock;
-                    const int p0 = tl * 48, P = tl < n3 ? 3 : rest;
-#if TORQ_VNNI
-                    if (P == 3)
-                        tile_p3(ph, g, CQ, w, p0, &q, ob, g->Og, ob_, ostride);
-                    else if (P == 2)
-                        tile_p2(ph, g, CQ, w, p0, &q, ob, g->Og, ob_, ostride);
-                    else
-                        tile_p1(ph, g, CQ, w, p0, &q, ob, g->Og, ob_, ostride);
-#else
-                    tile_generic(ph, g, CQ, w, p0, P, &q, ob, g->Og, ob_, ostride);
-#endif
-                }
-            }
-            if (direct)
-                continue;
-#pragma omp for schedule(static)
-            for (int o = 0; o < g->Og; o++) {
-                int8_t *dst = out + (((size_t)n * O + gi * g->Og + o) * g->OH) * g->OW;
-                for (int r = 0; r < g->OH; r++)
-                    memcpy(dst + (size_t)r * g->OW, obuf + (size_t)o * g->Lpad + (size_t)r * g->Wq, g->OW);
-            }
+            j.x = x + (size_t)n * g->C * g->H * g->W;
+            j.c0 = gi * g->Cg;
+            j.w = wpack + (size_t)gi * j.OB * j.wblock;
+            j.q = *rq;
+            j.q.adj += gi * g->Og;
+            j.q.mult += gi * g->Og;
+            j.q.scale += gi * g->Og;
+            j.out = out + ((size_t)n * O + gi * g->Og) * g->OH * g->OW;
+            j.obuf = direct ? j.out : (int8_t *)(scratch + (size_t)g->nph * j.CQ * g->Lph * 4);
+            torq_parallel_for(g->nph * j.CQ, pack_chunk, &j, nthreads);
+            torq_parallel_for(nchunks, tiles_chunk, &j, nthreads);
+            if (!direct)
+                torq_parallel_for(g->Og, compact_chunk, &j, nthreads);
         }
     }
     return 0;
@@ -386,28 +413,44 @@ static void dw_plane(const int8_t *x, const float *w, const torq_geom *g, int c,
 #endif
 }
 
-/* x [N][C][H][W] -> out [N][C][OH][OW]; wf [C][T] float weights; per-thread scratch of
- * nph * Lph floats + Lpad bytes (rounded up to 64 bytes), nthreads of them. */
+typedef struct {
+    const int8_t *x;
+    int8_t *out;
+    const float *wf;
+    const torq_geom *g;
+    const torq_rq *rq;
+} dw_job;
+
+/* one channel plane of one image; each thread keeps its scratch (phases, wide row) */
+static void dw_chunk(void *ctx, int i)
+{
+    static _Thread_local uint8_t *buf;
+    static _Thread_local size_t cap;
+    const dw_job *j = ctx;
+    const torq_geom *g = j->g;
+    const size_t phb = (size_t)g->nph * g->Lph * sizeof(float), need = phb + g->Lpad + 64;
+    if (cap < need) {
+        free(buf);
+        buf = malloc(need);
+        cap = buf ? need : 0;
+        if (!buf)
+            abort();
+    }
+    const int c = i % g->C;
+    dw_plane(j->x + (size_t)i * g->H * g->W, j->wf + (size_t)c * g->T, g, c, j->rq, (float *)buf,
+             (int8_t *)(buf + phb));
+    int8_t *dst = j->out + (size_t)i * g->OH * g->OW;
+    for (int r = 0; r < g->OH; r++)
+        memcpy(dst + (size_t)r * g->OW, buf + phb + (size_t)r * g->Wq, g->OW);
+}
+
+/* x [N][C][H][W] -> out [N][C][OH][OW]; wf [C][T] float weights. */
 int torq_dw_i8(const int8_t *x, int8_t *out, const float *wf, const torq_geom *g, const torq_rq *rq,
                uint8_t *scratch, int nthreads)
 {
-    const size_t phb = (size_t)g->nph * g->Lph * sizeof(float);
-    const size_t per = (phb + g->Lpad + 63) / 64 * 64;
-    const int C = g->C, total = g->N * C;
-#pragma omp parallel for num_threads(nthreads) schedule(dynamic, 4) if (nthreads > 1)
-    for (int i = 0; i < total; i++) {
-        int tid = 0;
-#ifdef _OPENMP
-        tid = omp_get_thread_num();
-#endif
-        const int n = i / C, c = i % C;
-        float *ph = (float *)(scratch + per * tid);
-        int8_t *obuf = (int8_t *)(scratch + per * tid + phb);
-        dw_plane(x + ((size_t)n * C + c) * g->H * g->W, wf + (size_t)c * g->T, g, c, rq, ph, obuf);
-        int8_t *dst = out + ((size_t)n * C + c) * g->OH * g->OW;
-        for (int r = 0; r < g->OH; r++)
-            memcpy(dst + (size_t)r * g->OW, obuf + (size_t)r * g->Wq, g->OW);
-    }
+    dw_job j = {x, out, wf, g, rq};
+    (void)scratch;
+    torq_parallel_for(g->N * g->C, dw_chunk, &j, nthreads);
     return 0;
 }
 

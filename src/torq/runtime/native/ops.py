@@ -145,10 +145,7 @@ class ConvNative:
         s = geo.struct
         nt = _threads()
         if self.depthwise:
-            per = -(-(s.nph * s.Lph * 4 + s.Lpad) // 64) * 64
-            scratch = thread_workspace().array("native", (per * nt,), np.uint8)
-            lib.torq_dw_i8(_ptr(x), _ptr(out), _ptr(self.wf), ctypes.byref(s), self.rq.structs[rounding],
-                           _ptr(scratch), nt)
+            lib.torq_dw_i8(_ptr(x), _ptr(out), _ptr(self.wf), ctypes.byref(s), self.rq.structs[rounding], None, nt)
         else:
             CQ = -(-s.Cg // 4)
             scratch = thread_workspace().array("native", (s.nph * CQ * s.Lph * 4 + s.Og * s.Lpad,), np.uint8)
