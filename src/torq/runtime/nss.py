@@ -107,7 +107,8 @@ class Simulator:
                 env[st.out] = out
                 if explain and k.check is not None:
                     diffs.append(OpDiff(st.op, st.location, rounding, *k.check(args, out, rounding)))
-        outs = [np.asarray(env[o.slot]).astype(np_dtype(o.dtype), copy=False) for o in p.outputs]
+        # copies: a native step's output buffer is reused by the next run (runtime.native.ops)
+        outs = [np.array(env[o.slot], dtype=np_dtype(o.dtype), copy=True) for o in p.outputs]
         return (outs, diffs) if explain else outs
 
     def run_many(self, calls: list[list[np.ndarray]], rounding: str = "native",

@@ -146,9 +146,9 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
 def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     p, i = ctypes.c_void_p, ctypes.c_int
     rq, geom = ctypes.POINTER(TorqRq), ctypes.POINTER(TorqGeom)
-    lib.torq_conv_i8.argtypes = [p, p, p, geom, rq, p, i]
-    lib.torq_dw_i8.argtypes = [p, p, p, geom, rq, p, i]
-    lib.torq_fc_i8.argtypes = [p, p, p, i, i, i, rq, p, i]
+    lib.torq_conv_i8.argtypes = [p, p, p, geom, rq, i]
+    lib.torq_dw_i8.argtypes = [p, p, p, geom, rq, i]
+    lib.torq_fc_i8.argtypes = [p, p, p, i, i, i, rq]
     lib.torq_requant_i8.argtypes = [p, i, rq, p]
     for fn in (lib.torq_conv_i8, lib.torq_dw_i8, lib.torq_fc_i8, lib.torq_requant_i8, lib.torq_features):
         fn.restype = i

@@ -56,6 +56,22 @@ int torq_features(void)
     return TORQ_VNNI;
 }
 
+/* A buffer of at least n bytes owned by the calling thread, reused from call to call (no fresh
+ * pages per step); the kernels of one call share it with their helpers through the job. */
+static uint8_t *thread_scratch(size_t n)
+{
+    static _Thread_local uint8_t *buf;
+    static _Thread_local size_t cap;
+    if (cap < n) {
+        free(buf);
+        buf = aligned_alloc(64, (n + 63) / 64 * 64);
+        cap = buf ? n : 0;
+        if (!buf)
+            abort();
+    }
+    return buf;
+}
+
 /* ------------------------------------------------------------------ requantisation of a row */
 
 static void requant_row(const int32_t *acc, int n, int o, const torq_rq *q, int8_t *dst)
@@ -205,12 +221,13 @@ tile_vnni(const uint8_t *ph, const torq_geom *g, int CQ, const int8_t *w, int p0
             }
         }
     }
+    const torq_rq qq = *q;          /* a local copy: the byte stores below cannot alias it */
     for (int r = 0; r < R; r++) {
         const int o = ob * R + r;
         if (o >= Og)
             break;
         for (int k = 0; k < P; k++)
-            _mm_storeu_si128((__m128i *)(obuf + (size_t)o * ostride + p0 + 16 * k), requant16(acc[r][k], o, q));
+            _mm_storeu_si128((__m128i *)(obuf + (size_t)o * ostride + p0 + 16 * k), requant16(acc[r][k], o, &qq));
     }
 }
 
@@ -296,12 +313,14 @@ static void compact_chunk(void *ctx, int o)
 }
 
 /* x [N][C][H][W] int8 -> out [N][G*Og][OH][OW] int8. wpack [G][OB][T][CQ][R][4]; rq indexed by
- * the output channel of the whole layer. scratch: phases (nph * CQ * Lph * 4 bytes) then the
+ * the output channel of the whole layer. Scratch: phases (nph * CQ * Lph * 4 bytes) then the
  * wide output of one group (Og * Lpad bytes). */
 int torq_conv_i8(const int8_t *x, int8_t *out, const int8_t *wpack, const torq_geom *g, const torq_rq *rq,
-                 uint8_t *scratch, int nthreads)
+                 int nthreads)
 {
     conv_job j;
+    const int CQ = (g->Cg + 3) / 4;
+    uint8_t *scratch = thread_scratch((size_t)g->nph * CQ * g->Lph * 4 + (size_t)g->Og * g->Lpad);
     j.g = g;
     j.CQ = (g->Cg + 3) / 4;
     j.OB = (g->Og + R - 1) / R;
@@ -339,9 +358,10 @@ int torq_conv_i8(const int8_t *x, int8_t *out, const int8_t *wpack, const torq_g
 
 /* One channel plane: float phases, float accumulation (exact: the caller bounds every partial
  * sum below 2**24), requantised into the wide row obuf [Lpad]. */
-static void dw_plane(const int8_t *x, const float *w, const torq_geom *g, int c, const torq_rq *q, float *ph,
+static void dw_plane(const int8_t *x, const float *w, const torq_geom *g, int c, const torq_rq *rq, float *ph,
                      int8_t *obuf)
 {
+    const torq_rq qq = *rq, *q = &qq;   /* a local copy: the byte stores below cannot alias it */
     const float padf = (float)g->padv;
     for (int k = 0; k < g->nph; k++) {
         const int a = g->ph_ab[2 * k], b = g->ph_ab[2 * k + 1];
@@ -445,24 +465,21 @@ static void dw_chunk(void *ctx, int i)
 }
 
 /* x [N][C][H][W] -> out [N][C][OH][OW]; wf [C][T] float weights. */
-int torq_dw_i8(const int8_t *x, int8_t *out, const float *wf, const torq_geom *g, const torq_rq *rq,
-               uint8_t *scratch, int nthreads)
+int torq_dw_i8(const int8_t *x, int8_t *out, const float *wf, const torq_geom *g, const torq_rq *rq, int nthreads)
 {
     dw_job j = {x, out, wf, g, rq};
-    (void)scratch;
     torq_parallel_for(g->N * g->C, dw_chunk, &j, nthreads);
     return 0;
 }
 
 /* ------------------------------------------------------------------ fully connected */
 
-/* x [M][K] int8 -> out [M][O] int8; wpack [O/16][KQ][16][4] (O, K zero-padded); scratch KQ*4
- * bytes per thread (the row as u8 quads). Lanes are 16 output channels. */
-int torq_fc_i8(const int8_t *x, int8_t *out, const int8_t *wpack, int M, int K, int O, const torq_rq *rq,
-               uint8_t *scratch, int nthreads)
+/* x [M][K] int8 -> out [M][O] int8; wpack [O/16][KQ][16][4] (O, K zero-padded). Lanes are 16
+ * output channels. */
+int torq_fc_i8(const int8_t *x, int8_t *out, const int8_t *wpack, int M, int K, int O, const torq_rq *rq)
 {
     const int KQ = (K + 3) / 4, OB = (O + 15) / 16;
-    (void)nthreads;
+    uint8_t *scratch = thread_scratch((size_t)KQ * 4 + 64);
     for (int m = 0; m < M; m++) {
         uint8_t *xq = scratch;
         for (int k = 0; k < KQ * 4; k++)

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import ctypes
 import threading
+import weakref
 
 import numpy as np
 
 from ... import numerics
-from ..kernels import conv_out_size, thread_workspace
+from ..kernels import conv_out_size
 from ..kernels.gemm import _pads
 from ..ops import _cached_plan
 from .build import TorqGeom, TorqRq, library
@@ -38,6 +39,34 @@ def _threads() -> int:
 
 def _ptr(a: np.ndarray) -> int:
     return a.ctypes.data
+
+
+class _Outputs:
+    """A step's output arrays, one per thread, reused from run to run (``Simulator.run`` copies
+    the program's outputs, so no caller ever holds one), with their addresses: computing an
+    address through ctypes costs microseconds, and a run has ~60 steps. Owned by the step's
+    plan, so they go when the program goes."""
+
+    def __init__(self):
+        self._bufs: dict = {}
+
+    def get(self, shape) -> tuple[np.ndarray, int]:
+        tid = threading.get_ident()
+        b = self._bufs.get(tid)
+        if b is None or b[0].shape != shape:
+            arr = np.empty(shape, dtype=np.int8)
+            b = self._bufs[tid] = (arr, arr.ctypes.data)
+            known = _local.__dict__.setdefault("addrs", {})
+            if len(known) > 4096:
+                known.clear()
+            known[id(arr)] = (weakref.ref(arr), b[1])
+        return b
+
+
+def _address(x: np.ndarray) -> int:
+    """The address of x: looked up when x is a step output made in this thread."""
+    b = _local.__dict__.get("addrs", {}).get(id(x))
+    return b[1] if b is not None and b[0]() is x else x.ctypes.data
 
 
 def _wrap32(v) -> np.ndarray:
@@ -64,6 +93,7 @@ class Requant:
         even = int(bool(attrs.get("round_ties_even", 0)) and shift > 0)
         self.structs = {r: TorqRq(_ptr(self.adj), _ptr(self.mult), _ptr(self.scale), shift, even,
                                   int(attrs["output_zp"]), lo, hi, int(r == "ort")) for r in ("native", "ort")}
+        self.refs = {r: ctypes.pointer(v) for r, v in self.structs.items()}
 
 
 class _Geometry:
@@ -92,6 +122,7 @@ class _Geometry:
         self.struct = TorqGeom(N, C, H, W, groups, Cg, O // groups, OH, OW, len(taps), len(phases), OH + mri, Wq,
                                sh, sw, pt, pl, int(pad_value), L, Lpad, self.Lph,
                                _ptr(self.ph_ab), _ptr(self.tap_ph), _ptr(self.tap_off))
+        self.ref = ctypes.pointer(self.struct)
 
 
 def _pair(v) -> tuple[int, int]:
@@ -121,11 +152,12 @@ class ConvNative:
         if self.depthwise:
             T = KH * KW
             self.ok = int(np.abs(w64).reshape(O, T).sum(axis=1).max(initial=0)) * 128 <= _F24
-            self.wf = np.ascontiguousarray(w64.reshape(O, T), dtype=np.float32)
+            self.wpack = np.ascontiguousarray(w64.reshape(O, T), dtype=np.float32)
             adj = bias
         else:
             self.wpack = _pack_conv(w64, G)
             adj = bias - 128 * w64.reshape(O, -1).sum(axis=1)
+        self.wptr, self.lib, self.outputs = _ptr(self.wpack), library(), _Outputs()
         self.rq = Requant(attrs, sb, adj, O)
         self.ok = self.ok and self.rq.ok
         self._geoms: dict = {}
@@ -138,19 +170,14 @@ class ConvNative:
         return g
 
     def __call__(self, x: np.ndarray, rounding: str) -> np.ndarray:
-        lib = library()
-        x = np.ascontiguousarray(x)
-        geo = self.geometry(x.shape)
-        out = np.empty(geo.out_shape, dtype=np.int8)
-        s = geo.struct
-        nt = _threads()
+        if not x.flags.c_contiguous:
+            x = np.ascontiguousarray(x)
+        geo = self._geoms.get(x.shape) or self.geometry(x.shape)
+        out, addr = self.outputs.get(geo.out_shape)
         if self.depthwise:
-            lib.torq_dw_i8(_ptr(x), _ptr(out), _ptr(self.wf), ctypes.byref(s), self.rq.structs[rounding], None, nt)
+            self.lib.torq_dw_i8(_address(x), addr, self.wptr, geo.ref, self.rq.refs[rounding], _threads())
         else:
-            CQ = -(-s.Cg // 4)
-            scratch = thread_workspace().array("native", (s.nph * CQ * s.Lph * 4 + s.Og * s.Lpad,), np.uint8)
-            lib.torq_conv_i8(_ptr(x), _ptr(out), _ptr(self.wpack), ctypes.byref(s), self.rq.structs[rounding],
-                             _ptr(scratch), nt)
+            self.lib.torq_conv_i8(_address(x), addr, self.wptr, geo.ref, self.rq.refs[rounding], _threads())
         return out
 
 
@@ -181,16 +208,15 @@ class FcNative:
         buf = np.zeros((OB * 16, KQ * 4), dtype=np.int8)
         buf[:O, :K] = w64
         self.wpack = np.ascontiguousarray(buf.reshape(OB, 16, KQ, 4).transpose(0, 2, 1, 3))
+        self.wptr, self.lib, self.outputs = _ptr(self.wpack), library(), _Outputs()
         self.rq = Requant(attrs, sb, bias - 128 * w64.sum(axis=1), O)
         self.ok = self.rq.ok
 
     def __call__(self, x: np.ndarray, rounding: str) -> np.ndarray:
-        x = np.ascontiguousarray(x)
-        M = x.size // self.K
-        out = np.empty(x.shape[:-1] + (self.O,), dtype=np.int8)
-        scratch = thread_workspace().array("native_fc", (-(-self.K // 4) * 4 + 64,), np.uint8)
-        library().torq_fc_i8(_ptr(x), _ptr(out), _ptr(self.wpack), M, self.K, self.O,
-                             self.rq.structs[rounding], _ptr(scratch), 1)
+        if not x.flags.c_contiguous:
+            x = np.ascontiguousarray(x)
+        out, addr = self.outputs.get(x.shape[:-1] + (self.O,))
+        self.lib.torq_fc_i8(_address(x), addr, self.wptr, x.size // self.K, self.K, self.O, self.rq.refs[rounding])
         return out
 
 
