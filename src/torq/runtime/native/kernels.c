@@ -356,10 +356,41 @@ int torq_conv_i8(const int8_t *x, int8_t *out, const int8_t *wpack, const torq_g
 
 /* ------------------------------------------------------------------ depthwise convolution */
 
+#if TORQ_VNNI
+/* P vectors of 16 outputs from wide index p0: sum over taps of w[t] * phase pixels (exact),
+ * requantised; P a constant at each call so the accumulators stay in registers. */
+static inline __attribute__((always_inline)) void
+dw_vectors(const float *ph, const torq_geom *g, const float *w, int p0, int P, __m512i adj, int c,
+           const torq_rq *q, __m128i *res)
+{
+    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+    for (int t = 0; t < g->T; t++) {
+        const float *src = ph + (size_t)g->tap_ph[t] * g->Lph + g->tap_off[t] + p0;
+        const __m512 wv = _mm512_set1_ps(w[t]);
+        for (int k = 0; k < P; k++)
+            acc[k] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(src + 16 * k), acc[k]);   /* exact */
+    }
+    for (int k = 0; k < P; k++)
+        res[k] = requant16(_mm512_add_epi32(_mm512_cvtps_epi32(acc[k]), adj), c, q);
+}
+
+static void dw_vectors_n(const float *ph, const torq_geom *g, const float *w, int p0, int P, __m512i adj, int c,
+                         const torq_rq *q, __m128i *res)
+{
+    switch (P) {
+    case 4: dw_vectors(ph, g, w, p0, 4, adj, c, q, res); break;
+    case 3: dw_vectors(ph, g, w, p0, 3, adj, c, q, res); break;
+    case 2: dw_vectors(ph, g, w, p0, 2, adj, c, q, res); break;
+    default: dw_vectors(ph, g, w, p0, 1, adj, c, q, res); break;
+    }
+}
+#endif
+
 /* One channel plane: float phases, float accumulation (exact: the caller bounds every partial
- * sum below 2**24), requantised into the wide row obuf [Lpad]. */
-static void dw_plane(const int8_t *x, const float *w, const torq_geom *g, int c, const torq_rq *rq, float *ph,
-                     int8_t *obuf)
+ * sum below 2**24), requantised row by row straight into the output plane dst (returns 1), or
+ * for planes narrower than a vector into the wide row obuf [Lpad] (returns 0). */
+static int dw_plane(const int8_t *x, const float *w, const torq_geom *g, int c, const torq_rq *rq, float *ph,
+                    int8_t *obuf, int8_t *dst)
 {
     const torq_rq qq = *rq, *q = &qq;   /* a local copy: the byte stores below cannot alias it */
     const float padf = (float)g->padv;
@@ -380,8 +411,8 @@ static void dw_plane(const int8_t *x, const float *w, const torq_geom *g, int c,
                 d[qq] = padf;
             for (int qq = q1; qq < g->Wq; qq++)
                 d[qq] = padf;
-            const int8_t *src = x + (size_t)y * g->W + q0 * g->sw + b - g->pl;
-            float *dd = d + q0;
+            const int8_t *restrict src = x + (size_t)y * g->W + q0 * g->sw + b - g->pl;
+            float *restrict dd = d + q0;
             const int n = q1 - q0;
             int i = 0;
 #if TORQ_VNNI
@@ -392,29 +423,44 @@ static void dw_plane(const int8_t *x, const float *w, const torq_geom *g, int c,
                     _mm512_storeu_ps(dd + i, _mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(v)));
                 }
 #endif
-            if (g->sw == 1)
-                for (; i < n; i++)
-                    dd[i] = (float)src[i];
-            else
-                for (; i < n; i++)
-                    dd[i] = (float)src[i * g->sw];
+#if TORQ_VNNI
+            if (g->sw == 1) {
+                for (; i + 16 <= n; i += 16)
+                    _mm512_storeu_ps(dd + i, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(src + i)))));
+                if (i < n) {
+                    const __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
+                    _mm512_mask_storeu_ps(dd + i, m, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, src + i))));
+                    i = n;
+                }
+            }
+#endif
+            for (; i < n; i++)
+                dd[i] = (float)src[i * g->sw];
         }
-        for (size_t i = (size_t)g->rows * g->Wq; i < (size_t)g->Lph; i++)
-            dst[i] = 0.0f;
+        memset(dst + (size_t)g->rows * g->Wq, 0, ((size_t)g->Lph - (size_t)g->rows * g->Wq) * sizeof(float));
     }
 #if TORQ_VNNI
+    const __m512i adj = _mm512_set1_epi32(q->adj[c]);
+    __m128i res[4];
+    if (g->OW >= 16) {
+        const int nv = (g->OW + 15) / 16;
+        const __mmask16 tail = (__mmask16)((1u << (g->OW - 16 * (nv - 1))) - 1);
+        for (int r = 0; r < g->OH; r++) {
+            for (int v0 = 0; v0 < nv; v0 += 4) {
+                const int P = nv - v0 < 4 ? nv - v0 : 4;
+                dw_vectors_n(ph, g, w, r * g->Wq + 16 * v0, P, adj, c, q, res);
+                for (int k = 0; k < P; k++)
+                    _mm_mask_storeu_epi8(dst + (size_t)r * g->OW + 16 * (v0 + k), v0 + k == nv - 1 ? tail : 0xFFFF,
+                                         res[k]);
+            }
+        }
+        return 1;
+    }
     for (int p0 = 0; p0 < g->Lpad; p0 += 64) {
         const int P = (g->Lpad - p0) >= 64 ? 4 : (g->Lpad - p0) / 16;
-        __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
-        for (int t = 0; t < g->T; t++) {
-            const float *src = ph + (size_t)g->tap_ph[t] * g->Lph + g->tap_off[t] + p0;
-            const __m512 wv = _mm512_set1_ps(w[t]);
-            for (int k = 0; k < P; k++)
-                acc[k] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(src + 16 * k), acc[k]);   /* exact */
-        }
+        dw_vectors_n(ph, g, w, p0, P, adj, c, q, res);
         for (int k = 0; k < P; k++)
-            _mm_storeu_si128((__m128i *)(obuf + p0 + 16 * k),
-                             requant16(_mm512_add_epi32(_mm512_cvtps_epi32(acc[k]), _mm512_set1_epi32(q->adj[c])), c, q));
+            _mm_storeu_si128((__m128i *)(obuf + p0 + 16 * k), res[k]);
     }
 #else
     int32_t acc[64];
@@ -431,6 +477,8 @@ static void dw_plane(const int8_t *x, const float *w, const torq_geom *g, int c,
         requant_row(acc, n, c, q, obuf + p0);
     }
 #endif
+    (void)dst;
+    return 0;
 }
 
 typedef struct {
@@ -457,9 +505,10 @@ static void dw_chunk(void *ctx, int i)
             abort();
     }
     const int c = i % g->C;
-    dw_plane(j->x + (size_t)i * g->H * g->W, j->wf + (size_t)c * g->T, g, c, j->rq, (float *)buf,
-             (int8_t *)(buf + phb));
     int8_t *dst = j->out + (size_t)i * g->OH * g->OW;
+    if (dw_plane(j->x + (size_t)i * g->H * g->W, j->wf + (size_t)c * g->T, g, c, j->rq, (float *)buf,
+                 (int8_t *)(buf + phb), dst))
+        return;
     for (int r = 0; r < g->OH; r++)
         memcpy(dst + (size_t)r * g->OW, buf + phb + (size_t)r * g->Wq, g->OW);
 }
