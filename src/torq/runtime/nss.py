@@ -23,6 +23,7 @@ from ..program import Program, Step, np_dtype
 from .kernels.blas import single_thread_run
 from . import native
 from .movement import DATA_MOVEMENT
+from .float_ops import FLOAT_OPS, is_float_step
 from .native import ops as native_ops
 from .native import ENGINES
 from .ops import OPS
@@ -70,14 +71,17 @@ class Simulator:
     @staticmethod
     def _bind(st: Step, engine: str = "reference") -> _Kernel:
         rtype = np_dtype(st.dtype)
-        if st.op.startswith("torq_hl."):
+        float_step = is_float_step(st)
+        if float_step:
+            make = FLOAT_OPS[st.op[8:]]
+        elif st.op.startswith("torq_hl."):
             make = OPS.get(st.op[8:])
         else:
             make = DATA_MOVEMENT.get(st.op)
         if make is None:
             raise TorqError(f"not supported on NSS: {st.op} at {st.location}: no simulator kernel")
         fn = make(st, rtype)
-        if engine == "native":
+        if engine == "native" and not float_step:      # bf16 / float ops: reference kernels
             fn = native_ops.make(st, rtype, fn) or fn
         return _Kernel(fn, st, rtype, getattr(fn, "check", None))
 
