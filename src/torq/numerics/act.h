@@ -1,5 +1,5 @@
 /* torq.numerics in C: the two requantisations of an exact int32 accumulator, for the native
- * engine's compiled kernels (torq/runtime/native/kernels.c includes this file).
+ * engine's compiled kernels (torq/runtime/native/common.h includes this file).
  *
  * Each function is one element's formula of a numpy reference in this package, and the tests
  * (tests/numerics/test_act_c.py) check it element for element against that reference:

@@ -1,4 +1,4 @@
-"""Build the native kernels (``kernels.c``) for this CPU once, cache the library by content.
+"""Build the native kernels (``conv.c``, ``depthwise.c``, ``pool.c``) for this CPU once, cache the library by content.
 
 The C source is compiled at first use with the system C compiler (``$CC``, else ``cc`` /
 ``gcc`` / ``clang``) for the host CPU (``-march=native``: AVX512-VNNI where the CPU has it, a
@@ -25,7 +25,9 @@ import threading
 from pathlib import Path
 
 _HERE = Path(__file__).resolve().parent
-SOURCES = (_HERE / "kernels.c", _HERE.parent.parent / "numerics" / "act.h", _HERE / "pool.h")
+SOURCES = (_HERE / "conv.c", _HERE / "depthwise.c", _HERE / "pool.c", _HERE / "common.h", _HERE / "pool.h",
+           _HERE.parent.parent / "numerics" / "act.h")
+_UNITS = SOURCES[:3]
 _BASE_FLAGS = ["-O3", "-std=gnu11", "-fPIC", "-shared", "-pthread", "-ffp-contract=off", "-fno-strict-aliasing"]
 
 _lock = threading.Lock()
@@ -33,14 +35,14 @@ _state: dict = {}
 
 
 class TorqRq(ctypes.Structure):
-    """torq_rq of kernels.c: one op's requantisation."""
+    """torq_rq of the C kernels: one op's requantisation."""
     _fields_ = [("adj", ctypes.c_void_p), ("mult", ctypes.c_void_p), ("scale", ctypes.c_void_p),
                 ("shift", ctypes.c_int32), ("even", ctypes.c_int32), ("zp", ctypes.c_int32),
                 ("lo", ctypes.c_int32), ("hi", ctypes.c_int32), ("ort", ctypes.c_int32)]
 
 
 class TorqGeom(ctypes.Structure):
-    """torq_geom of kernels.c: one convolution's geometry."""
+    """torq_geom of the C kernels: one convolution's geometry."""
     _fields_ = [(n, ctypes.c_int32) for n in (
         "N", "C", "H", "W", "G", "Cg", "Og", "OH", "OW", "T", "nph", "rows", "Wq", "sh", "sw", "pt", "pl",
         "padv", "L", "Lpad", "Lph")] + [("ph_ab", ctypes.c_void_p), ("tap_ph", ctypes.c_void_p),
@@ -110,7 +112,7 @@ def _build(cc: str, flags: list[str], dest: Path) -> str | None:
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=dest.parent)
     os.close(fd)
     try:
-        cmd = [cc, *flags, "-I", str(SOURCES[1].parent), str(SOURCES[0]), "-o", tmp, "-lm", "-lpthread"]
+        cmd = [cc, *flags, "-I", str(SOURCES[-1].parent), *map(str, _UNITS), "-o", tmp, "-lm", "-lpthread"]
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         if r.returncode:
             lines = [ln for ln in (r.stderr or r.stdout).splitlines() if "error" in ln] or ["failed"]

@@ -1,5 +1,5 @@
 """Native kernels of the torq_hl ops the engine compiles: int8 conv2d / depthwise_conv2d /
-fully_connected with their rescale fused (``kernels.c``).
+fully_connected with their rescale fused (``conv.c``, ``depthwise.c``).
 
 ``make(step, rtype, reference)`` returns the step function ``fn(args, rounding)`` of the native
 engine, or None when the op is not one it compiles; ``fn`` itself hands a call to the reference
@@ -23,7 +23,7 @@ from ..kernels.gemm import _pads
 from ..ops import _cached_plan
 from .build import TorqGeom, TorqRq, library
 
-R = 8                                   # output channels per register block (kernels.c)
+R = 8                                   # output channels per register block (the C kernels)
 _F24 = (1 << 24) - 1
 _local = threading.local()
 
@@ -76,7 +76,7 @@ def _wrap32(v) -> np.ndarray:
 
 
 class Requant:
-    """One op's requantisation constants for kernels.c (``torq_rq``), both roundings."""
+    """One op's requantisation constants for the C kernels (``torq_rq``), both roundings."""
 
     def __init__(self, attrs: dict, sb: np.ndarray, adj: np.ndarray, O: int):
         sb = np.asarray(sb).astype(np.int64)
@@ -131,7 +131,7 @@ def _pair(v) -> tuple[int, int]:
 
 
 class ConvNative:
-    """An int8 convolution prepared for kernels.c: packed weights, requant constants, and a
+    """An int8 convolution prepared for the C kernels: packed weights, requant constants, and a
     geometry per input shape. ``ok`` is False when the op is outside what the kernels compute."""
 
     def __init__(self, w, sb, attrs):
@@ -192,7 +192,7 @@ def _pack_conv(w64: np.ndarray, G: int) -> np.ndarray:
 
 
 class FcNative:
-    """An int8 fully connected layer prepared for kernels.c (lanes = 16 output channels)."""
+    """An int8 fully connected layer prepared for the C kernels (lanes = 16 output channels)."""
 
     def __init__(self, w, sb, attrs):
         w = np.asarray(w)
