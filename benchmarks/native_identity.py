@@ -37,8 +37,11 @@ def models(zoo_dir: Path, bench_dir: Path):
 
 def check(load, images: int) -> str:
     from torq.evaluate.engines import with_batch
+    from torq.quantize.dead_channels import zero_dead_channels
+    from torq.quantize.fold import fold_fp32
     t0 = time.perf_counter()
-    q = torq.quantize(with_batch(load(), 1), full_integer=True, per_channel=True, num_calib=8)
+    fp32, _ = zero_dead_channels(fold_fp32(load()))          # the front end `evaluate` uses
+    q = torq.quantize(with_batch(fp32, 1), full_integer=True, per_channel=True, num_calib=8)
     c = torq.compile(q)
     if c.report.unsupported:
         return f"not compiled: {c.report.unsupported[0]}"
