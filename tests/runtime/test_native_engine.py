@@ -16,7 +16,14 @@ from torq.runtime import native
 from torq.runtime.native import build
 from torq.runtime.nss import Simulator
 
-pytestmark = pytest.mark.skipif(native.library() is None, reason=f"native engine unavailable: {native.why()}")
+# Where a C compiler exists the native engine must build: a broken build is a failure, not a
+# silent fall back to the reference engine.
+pytestmark = pytest.mark.skipif(build._compiler() is None, reason="no C compiler: the native engine is the reference")
+
+
+def test_the_native_engine_builds_and_reports_its_isa():
+    assert native.library() is not None, native.why()
+    assert native.vnni() == ("avx512_vnni" in build.cpu_flags() and build.isa() == "native")
 
 ISAS = ["native", "portable"]
 
