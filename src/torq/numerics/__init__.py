@@ -18,6 +18,7 @@ torq). One module per concern:
   bf16_arith  the bf16 datapath: contractions, elementwise functions, pools (``numerics.bf16_arith``)
   explain  why a native result differs from ORT's (tie / near-tie / other), in exact rationals
   loops    numba-compiled per-element loops and the layout plumbing they need
+May import: nothing from torq; numpy, numba and the standard library only.
 """
 from __future__ import annotations
 
