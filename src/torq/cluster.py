@@ -13,13 +13,15 @@ shared file system.
 
 Fault injection for tests: if ``TORQ_RAY_DIE_ONCE`` names a file that does not exist yet, the
 first task to see it creates the file and kills its own worker process (``os._exit``).
+
+May import: torq.errors.
 """
 from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Iterator
 
-from .errors import TorqError
+from .errors import TorqError, one_line
 
 MAX_RETRIES = 3
 IN_FLIGHT_PER_CPU = 2
@@ -40,7 +42,7 @@ def connect(address) -> None:
             ray.init(address=str(address), log_to_driver=False, configure_logging=False)
     except Exception as e:  # noqa: BLE001 - connection errors come in many types
         raise TorqError(f"--ray {address if address is not True else ''}: cannot start or join Ray: "
-                        f"{' '.join(str(e).split())[:200]}") from None
+                        f"{one_line(e, 200)}") from None
 
 
 def _call(fn, *args):
