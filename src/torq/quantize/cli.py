@@ -14,53 +14,34 @@ def _fmt(text: str) -> str:
 
 def register(sub) -> None:
     """Add the ``quantize`` subparser to a ``torq-gen-config`` subparsers object."""
+    from .recipe import DEFAULT
+    from .recipe_flags import add_recipe_arguments
     q = sub.add_parser(
         "quantize", help="static int8 quantization of an fp32 ONNX model",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description=_fmt("""
             Statically quantize an fp32 ONNX model to int8 (A8W8) with ONNX Runtime and print
-            what changed (op counts, Q/DQ nodes, graph I/O, file sizes).
+            what changed (op counts, Q/DQ nodes, graph I/O, file sizes). How: a recipe (--recipe
+            NAME, then single flags), the same on quantize, discover, run and evaluate, so this
+            writes exactly the model `evaluate --recipe NAME` measured with the same data.
 
-            Calibration data: --calibration-data PATH (an .npz keyed by input name, or a folder
-            with one <input>.npy per input; first axis = samples); without it, --num-calib
-            deterministic synthetic samples, uniform in [-1, 1).
+            Calibration data: --calibration-data SPEC (an .npz keyed by input name, a folder of
+            <input>.npy, or images with --preprocess); without it, --num-calib deterministic
+            synthetic samples, uniform in [-1, 1).
         """),
         epilog=_fmt("""
             examples:
               torq-gen-config quantize --model model.onnx
               torq-gen-config quantize --model model.onnx --per-channel --full-integer
+              torq-gen-config quantize --model model.onnx --recipe recommended \\
+                  --calibration-data photos/ --preprocess resize=256,crop=224,norm=tf
               torq-gen-config quantize --model model.onnx --quant-format hybrid \\
                   --calibration-data calib.npz --calibrate-method entropy -o model.q.onnx
         """))
     q.add_argument("--model", "-m", required=True, metavar="MODEL.onnx", help="fp32 ONNX model to quantize")
     q.add_argument("--output", "-o", metavar="OUT.onnx",
                    help="where to write the quantized model (default: <model stem>.int8.onnx next to the model)")
-    q.add_argument("--per-channel", action="store_true",
-                   help="one weight scale per output channel instead of one per tensor")
-    q.add_argument("--full-integer", action="store_true",
-                   help="int8 graph inputs/outputs: drop the input QuantizeLinear and output "
-                        "DequantizeLinear (I/O names are kept; scales go to model metadata 'torq.io_quant')")
-    q.add_argument("--exact-scales", action="store_true",
-                   help="QDQ: move each weight scale (typically 0.1 %%, at most 5 %%) so that ONNX Runtime's "
-                        "float requantization is exact; the NPU's native rounding is then bit-exact with ORT")
-    q.add_argument("--quant-format", default="qdq", metavar="{qdq,qoperator,hybrid}",
-                   help="qdq: QuantizeLinear/DequantizeLinear around float ops (default); qoperator: "
-                        "QLinearConv/QGemm/..., and the ops ORT leaves in float between them (HardSwish, "
-                        "BatchNormalization, a pool head, ...) get Q/DQ with their calibrated ranges, so "
-                        "the model is fully int8; hybrid: qoperator if every compute op has a compact "
-                        "QLinear form (Conv, Add, Mul, MatMul, pools, activations), else qdq")
-    q.add_argument("--quant-dtype", default="A8W8", metavar="A8W8",
-                   help="activation/weight types; only A8W8 (int8/int8) is supported")
-    q.add_argument("--calibrate-method", default="minmax", metavar="{minmax,entropy,percentile}",
-                   help="how activation ranges are chosen from calibration data (default minmax)")
-    q.add_argument("--num-calib", type=int, default=20, metavar="N",
-                   help="number of calibration samples (synthetic, or the first N of the dataset; default 20)")
-    q.add_argument("--calibration-data", metavar="PATH",
-                   help=".npz keyed by input name, or a folder of <input>.npy files (first axis = samples)")
-    q.add_argument("--equalize", action="store_true",
-                   help="fold BatchNorm into the Convs, then cross-layer equalization (rescale consecutive "
-                        "Conv → Relu/ReLU6 → Conv channel pairs to equal weight ranges; exact on the "
-                        "calibration data) before quantizing")
+    add_recipe_arguments(q, default=DEFAULT)
     q.set_defaults(func=_cmd_quantize)
 
 
@@ -70,10 +51,13 @@ def default_output(model: Path) -> Path:
 
 
 def _cmd_quantize(args) -> int:
+    from ..fileio import save_model
     from ..graph.load import load_model
-    from .static import quantize
+    from .recipe import apply
+    from .recipe_flags import recipe_from_args
     from .summary import summary_lines
 
+    recipe = recipe_from_args(args)          # every flag checked before the model work
     model = Path(args.model)
     out = Path(args.output) if args.output else default_output(model)
     if model.exists() and out.exists() and out.resolve() == model.resolve():
@@ -81,18 +65,12 @@ def _cmd_quantize(args) -> int:
     fp32 = load_model(model)  # validate before the spinner; also the "before" of the summary
     from rich.console import Console
     with Console(stderr=True).status(f"Calibrating and quantizing {model.name} ..."):
-        q = quantize(model, out, calibration_data=args.calibration_data, num_calib=args.num_calib,
-                     per_channel=args.per_channel, full_integer=args.full_integer,
-                     quant_format=args.quant_format, quant_dtype=args.quant_dtype,
-                     calibrate_method=args.calibrate_method, equalize=args.equalize,
-                     exact_scales=args.exact_scales)
-    calib = f"{args.calibration_data} (first {args.num_calib})" if args.calibration_data \
-        else f"synthetic x{args.num_calib}"
-    settings = (f"{args.quant_dtype.upper()}, per-channel={args.per_channel}, "
-                f"full-integer={args.full_integer}, calibration={calib}, "
-                f"method={args.calibrate_method.lower()}{', equalized' if args.equalize else ''}"
-                f"{', exact scales' if args.exact_scales else ''}")
+        q = apply(recipe, model).model
+    save_model(q, out)
+    calib = f"{recipe.calibration_data} (first {recipe.num_calib})" if recipe.calibration_data \
+        else f"synthetic x{recipe.num_calib}"
     print(f"torq-gen-config quantize: wrote {out}")
-    for line in summary_lines(fp32, q, src_path=model, out_path=out, settings=settings):
+    for line in summary_lines(fp32, q, src_path=model, out_path=out,
+                              settings=f"recipe {recipe.describe()}; calibration={calib}"):
         print("  " + line)
     return 0
