@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test install system-packages clean bench-models bench-accuracy zoo fuzz
+.PHONY: demo test install system-packages clean bench-models bench-accuracy zoo fuzz realworld
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -45,6 +45,10 @@ bench-models: $(STAMP)
 
 bench-accuracy: bench-models
 	$(BIN)/python benchmarks/accuracy.py --json build/accuracy.json
+
+realworld: $(STAMP)   # quantize/verify/discover/run/evaluate on real pretrained models, one table
+	$(BIN)/python -m pip install -q -e '.[bench]'
+	$(BIN)/python benchmarks/realworld.py --json build/realworld.json
 
 zoo: $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[zoo]'

@@ -134,6 +134,9 @@ class Reader(CalibrationDataReader):
         self.i += 1
         return self.data[self.i - 1]
 
+    def rewind(self):
+        self.i = 0
+
 
 def quantize(m: onnx.ModelProto, shapes: dict, fmt="qdq", per_channel=False, act="s8", seed=0,
              lo=-1.0, hi=1.0, full_integer=True, op_types=None, **extra) -> onnx.ModelProto:

@@ -91,6 +91,20 @@ def test_run_with_a_reference_shaped_json(example, tmp_path, capsys):
     assert len(comp["op_assignments"]) == 9
 
 
+def test_run_after_edit_conv2_conv3_on_host(example, tmp_path, capsys):
+    """Two consecutive layers off the NSS, a later NSS op reading the tensor between them: the
+    map that crashed with KeyError '..._QuantizeLinear_Output'."""
+    import shutil
+    model, d = example
+    shutil.copy(d / "torq_gen_config_example.json", tmp_path)
+    for layer in ("Conv_conv2", "Conv_conv3"):
+        assert cli("edit", "--model", model, "--output-dir", tmp_path, "--layer", layer, "--executor", "host") == 0
+    assert cli("run", "--model", model, "--output-dir", tmp_path, *QFLAGS, "--rounding", "ort") == 0
+    m = _report(tmp_path)["full_model_metrics"]
+    assert [s["executor"] for s in m["segments"]] == ["nss", "host", "nss"] and m["max_abs_lsb"] == 0
+    assert "internal error" not in capsys.readouterr().err
+
+
 def test_second_discover_comes_from_cache(example, capsys):
     model, d = example
     assert cli("discover", "--model", model, "--output-dir", d, *QFLAGS, "--skip-mode") == 0

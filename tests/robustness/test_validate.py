@@ -95,6 +95,7 @@ def test_opset_out_of_range(version):
 
 
 @pytest.mark.parametrize("dims, words", [([1, 0, 8, 8], ["graph input 'x' has dim 0"]),
+                                         ([1, 4, -1, 8], ["has dim -1 (any size) at axis 2", "update_model_dims"]),
                                          ([1, 4, 2**21, 8], ["has dim 2097152"]),
                                          ([64, 4, 2**11, 2**11], ["has 1073741824 elements"])])
 def test_input_dims_positive_and_bounded(dims, words):

@@ -15,7 +15,8 @@ from ..errors import TorqError
 from ..program import Port, Program, Step
 from . import linalg_view as L
 from . import torq_hl
-from .lowering import Unsupported, func_ops
+from .lowering import func_ops
+from .unsupported import Unsupported, summary
 
 
 def emit_program(module, unsupported: list[Unsupported] = (), onnx_ops: dict | None = None,
@@ -38,7 +39,10 @@ def emit_program(module, unsupported: list[Unsupported] = (), onnx_ops: dict | N
 class _Emitter:
     def __init__(self, module, unsupported, onnx_ops, recorded=None):
         self.module, self.onnx_ops, self.recorded = module, onnx_ops, recorded
-        self.reasons = {(u.op, u.location): u for u in unsupported}
+        self.unsupported = list(unsupported)
+        self.reasons = {}
+        for u in self.unsupported:
+            self.reasons.setdefault((u.op, u.location), u)
         self.slots: dict = {}
         self.folder = L.Folder()
 
@@ -79,7 +83,7 @@ class _Emitter:
                 continue
             steps.append(self._step(op))
         if bad:
-            raise TorqError(str(bad[0]) + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""))
+            raise TorqError(summary(self.unsupported if len(self.unsupported) >= len(bad) else bad))
         return Program(inputs, outputs, steps, consts, len(self.slots))
 
     def _step(self, op) -> Step:

@@ -7,8 +7,6 @@ closest rule gave.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import numpy as np
 
 from .. import isa
@@ -18,28 +16,13 @@ from .patterns import (conv, data_movement, elementwise, float_contract, float_e
                        movement_chain, pooling, table)
 from .patterns.common import Ctx, Fail, constant
 from .patterns.quant_fallback import DequantizeFallback, QuantizeFallback
+from .unsupported import NO_INTEGER_FORM, LoweringReport, Unsupported, collect  # noqa: F401 (re-exported)
 
 RULES = [*conv.RULES, *fully_connected.RULES, *matmul.RULES, *elementwise.RULES, *pooling.RULES,
          *data_movement.RULES, *movement_chain.RULES, *table.RULES]
 # Rules rooted at an integer compute op rather than a quantize (ops ORT already runs on int8).
 OP_RULES = [*pooling.OP_RULES]
 
-
-
-@dataclass
-class Unsupported:
-    op: str
-    location: str
-    reason: str
-
-    def __str__(self):
-        return f"not supported on NSS: {self.op} at {self.location}: {self.reason}"
-
-
-@dataclass
-class LoweringReport:
-    lowered: dict = field(default_factory=dict)        # torq_hl op name -> count
-    unsupported: list = field(default_factory=list)    # [Unsupported]
 
 
 def func_ops(module):
@@ -66,15 +49,17 @@ def dce(module) -> None:
             op.erase()
 
 
-def lower(module, ort_zp_shift: int = 0, onnx_ops: dict | None = None, float_ops: bool = False) -> LoweringReport:
+def lower(module, ort_zp_shift: int = 0, onnx_ops: dict | None = None, float_ops: bool = False,
+          onnx_names: dict | None = None) -> LoweringReport:
     """Rewrite `module` (linalg-on-tensors) in place into torq_hl + data movement.
 
     ort_zp_shift: 128 when the ONNX model's uint8 activations were shifted to int8 (signedness).
-    onnx_ops: "LINE:COL" -> ONNX op type, to know which ONNX Runtime kernel the reference runs.
+    onnx_ops: "LINE:COL" -> ONNX op type, to know which ONNX Runtime kernel the reference runs;
+    onnx_names: "LINE:COL" -> ONNX node name, to name the node an unsupported op comes from.
     float_ops: a bf16 model: its float linalg ops become bf16 / f32 torq_hl ops (FLOAT_RULES)."""
     from torch_mlir import ir
     with module.context, ir.Location.unknown():
-        return _lower(module, Ctx(module, ort_zp_shift, onnx_ops), float_ops)
+        return _lower(module, Ctx(module, ort_zp_shift, onnx_ops, onnx_names), float_ops)
 
 
 def _lower_float(ctx: Ctx, module) -> None:
@@ -187,48 +172,4 @@ def _lower_root(ctx: Ctx, op) -> None:
 
 
 def report(module, ctx: Ctx | None = None) -> LoweringReport:
-    rep = LoweringReport()
-    reasons = ctx.reasons if ctx else {}
-    for op in func_ops(module):
-        name = op.name
-        if name.startswith("torq_hl."):
-            key = name.split(".", 1)[1]
-            rep.lowered[key] = rep.lowered.get(key, 0) + 1
-        elif not isa.runs_on_nss(name):
-            why = reasons.get(L.id_of(op), (None, None))[1] or _default_reason(name)
-            onnx_op = ctx.onnx_op(op) if ctx else ""
-            if onnx_op in NO_INTEGER_FORM:
-                why = NO_INTEGER_FORM[onnx_op]
-            elif ctx and onnx_op in ("DequantizeLinear", "QuantizeLinear"):
-                why = _constant_for(ctx, op) or why
-            rep.unsupported.append(Unsupported(name, L.location_key(op), f"{onnx_op}: {why}" if onnx_op else why))
-    return rep
-
-
-def _constant_for(ctx: Ctx, op) -> str | None:
-    """Why a Q/DQ of a constant stayed: it only feeds ops that are themselves off the NSS (e.g.
-    LayerNorm's int32 bias), so the reason is theirs."""
-    g = ctx.generic(op)
-    if g is None or g.var_inputs:
-        return None
-    readers = sorted({ctx.onnx_op(u.owner) or u.owner.name for r in op.results for u in r.uses})
-    if not readers:
-        return None
-    why = f"a constant (weight or bias) read only by {', '.join(readers)}, which runs off the NSS"
-    return why + (f" ({NO_INTEGER_FORM[readers[0]]})" if len(readers) == 1 and readers[0] in NO_INTEGER_FORM else "")
-
-
-# ONNX ops ORT runs in float between DQ and Q whose result is no function of one int8 value, a
-# per-channel affine or an integer accumulation: no exact integer form, so CSS/HOST run them.
-NO_INTEGER_FORM = {
-    "LayerNormalization": "LayerNorm divides by the square root of a per-position variance over the "
-                          "channels (a float reduction of the activations): no exact integer form on the NSS",
-    "Softmax": "ORT runs it as QLinearSoftmax: an exp lookup table summed along each row, every entry "
-               "then divided by its row's sum in float32; the NSS has no divider, so no exact integer form",
-}
-
-
-def _default_reason(name: str) -> str:
-    if name == "linalg.generic":
-        return "no torq_hl pattern for this elementwise computation"
-    return "no torq_hl pattern for this op"
+    return collect(func_ops(module), ctx, isa.runs_on_nss)

@@ -75,6 +75,15 @@ class CompiledModel:
                 for n, o in zip(self.output_names, outs)}
 
 
+def _node_names(model, operator_locations) -> dict:
+    """LINE:COL -> ONNX node name (its first output when unnamed): the k-th torch.operator is
+    the k-th non-Constant node."""
+    nodes = [n for n in model.graph.node if n.op_type != "Constant"]
+    if len(nodes) != len(operator_locations):
+        return {}
+    return {loc: n.name or (n.output[0] if n.output else "") for n, (_, loc) in zip(nodes, operator_locations)}
+
+
 def _bf16_inputs(model) -> set:
     return {v.name for v in model.graph.input if v.type.tensor_type.elem_type == onnx.TensorProto.BFLOAT16}
 
@@ -131,7 +140,7 @@ def compile(model, debug_ir: str | os.PathLike | None = None, name: str | None =
     onnx_ops = {loc: op for op, loc in imported.operator_locations}
     with torq_hl.recording() as recorded:
         report = lowering.lower(module, ort_zp_shift=numerics.UINT8_SHIFT if shifted else 0, onnx_ops=onnx_ops,
-                                float_ops=is_bf16(model))
+                                float_ops=is_bf16(model), onnx_names=_node_names(model, imported.operator_locations))
     try:
         module.operation.verify()      # the torq_hl dialect is IRDL-registered: attributes are checked
     except Exception as e:  # noqa: BLE001 - an invalid module is a compiler bug, say where

@@ -72,16 +72,20 @@ class EvalResult:
 
     @contextlib.contextmanager
     def progress(self, what: str, total: int, show: bool):
-        """A rich progress bar on stderr advanced by finished images (no-op when not shown)."""
+        """A progress bar on stderr advanced by finished images (``torq.progress``: rich on a
+        terminal, timestamped lines in logs and pipes; no-op when not shown)."""
         if not show:
             yield lambda n: None
             return
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
-        from rich.console import Console
-        with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
-                      TimeRemainingColumn(), console=Console(stderr=True), transient=True) as bar:
-            task = bar.add_task(what, total=total)
-            yield lambda n: bar.advance(task, n)
+        from ..progress import bar
+        done = [0]
+        with bar(f"evaluate: {what}", "images") as update:
+            update(0, total)
+
+            def advance(n):
+                done[0] += n
+                update(done[0], total)
+            yield advance
 
     def finish(self) -> None:
         self._ort_logits.clear()

@@ -145,7 +145,9 @@ def evaluate(model, dataset, *, preprocess: str | Preprocess | None = None, opti
         raise TorqError(f"--half {opts.half}: choose one of {', '.join(HALVES)}")
     data = dataset if isinstance(dataset, Dataset) else load_dataset(dataset)
     data, calib = split(data, opts)
-    fp32, q, name, shape, classes, reference = prepare(model, data, calib, opts)
+    from ..progress import stage
+    with stage(f"evaluate: quantizing with {len(calib)} calibration images"):
+        fp32, q, name, shape, classes, reference = prepare(model, data, calib, opts)
     qin = io_quant_params(q)["inputs"][name]
     result = EvalResult.start(model, data, opts, classes, len(calib))
     result.int8_model = q

@@ -157,20 +157,24 @@ def locations(model) -> list:
 
 
 def run_discovery(opts: DiscoverOptions, progress=None) -> tuple[dict, Path]:
+    from ..progress import stage
     stem = opts.model.stem
     check_output_dir(opts.output_dir)
-    layers, suffix, build_full = model_and_layers(opts.model, opts.quant, opts.subgraph, lazy=True)
+    with stage("discover: cutting the model into layers"):
+        layers, suffix, build_full = model_and_layers(opts.model, opts.quant, opts.subgraph, lazy=True)
     if opts.save_bf16_model:
         from ..fileio import save_model
         save_model(build_full(), Path(opts.save_bf16_model))
     path = schema.report_path(opts.output_dir, stem, suffix)
     report = _start_report(path, stem, opts)
     map_key = {"fingerprint": report["quantization"], "layers": [lay.id for lay in layers], "v": __version__}
-    places = layer_places(layers, build_full, map_key, opts.recompute_cache)
+    with stage("discover: the whole model (quantize, import: each layer's MLIR location)"):
+        places = layer_places(layers, build_full, map_key, opts.recompute_cache)
     ctx = Context(opts, report, path, ResultCache(cache_dir(), opts.recompute_cache))
     plan = _plan(ctx, layers)
     tested = [lay for lay, why in zip(layers, plan) if why == "test"]
-    calib = _layer_calibration(opts, tested)
+    with stage("discover: calibration data of each layer"):
+        calib = _layer_calibration(opts, tested)
     qkey = dict(report["quantization"], model_sha256=None) if opts.quant.quantize else \
         {"auto_convert_bf16": True} if opts.quant.auto_convert_bf16 else None
     work = [(opts, lay, schema.tolerance(report, lay.id), calib.get(lay.id), qkey) for lay in tested]

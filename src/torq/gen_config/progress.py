@@ -1,20 +1,9 @@
-"""Rich progress bars on stderr: layer i/N, what is running, elapsed, ETA."""
+"""discover/run progress: a bar over layers or segments (``torq.progress``: rich on a terminal,
+timestamped lines in logs and pipes)."""
 from __future__ import annotations
 
-import contextlib
+from ..progress import bar, stage  # noqa: F401 (stage re-exported for gen_config)
 
 
-@contextlib.contextmanager
-def layer_progress(what: str):
-    from rich.console import Console
-    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
-                               TimeRemainingColumn)
-    console = Console(stderr=True)
-    with Progress(TextColumn(f"{what}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
-                  TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=console,
-                  transient=True) as prog:
-        task = prog.add_task("", total=None)
-
-        def update(i: int, n: int, label: str):
-            prog.update(task, completed=i, total=n, description=label[:48])
-        yield update
+def layer_progress(what: str, unit: str = "layers"):
+    return bar(what, unit)

@@ -76,11 +76,11 @@ def assign(report: dict, layers, locations) -> dict[int, str]:
 
 def execute(c, segs, inputs: dict, opts: RunOptions, stem: str, log=None) -> tuple[dict, list]:
     """Run the segments in order; returns every tensor computed and per-segment timings."""
-    from ..graph import extract_segment
+    from ..graph import extract_chain
     tensors, timings = dict(inputs), []
-    graph_outputs = {o.name for o in c.graph.output}
-    for i, seg in enumerate(segs):
-        model = _drop_dq_outputs(extract_segment(c, seg.nodes), graph_outputs)
+    for i, (seg, model) in enumerate(zip(segs, extract_chain(c, [seg.nodes for seg in segs]))):
+        if model is None:
+            continue                                 # nothing after it reads what it computes
         try:
             runnable = segment_runnable(model, seg.executor, opts, f"{stem}.segment{i}_{seg.executor}")
             outs, ms = runnable.run({n: tensors[n] for n in _inputs(model)})
@@ -147,15 +147,6 @@ def _inputs(model) -> list[str]:
     return [v.name for v in model.graph.input if v.name not in inits]
 
 
-def _drop_dq_outputs(model, keep: set):
-    """A DQ computed in several segments is not a segment output (boundaries stay int8)."""
-    dq = {n.output[0] for n in model.graph.node if n.op_type == "DequantizeLinear"}
-    outs = [o for o in model.graph.output if o.name not in dq or o.name in keep]
-    del model.graph.output[:]
-    model.graph.output.extend(outs)
-    return model
-
-
 def metrics(c, ours: dict, ref: dict, tol: float) -> dict:
     from .compare import dq_output_scales
     per_output, hist, top1, scales = {}, {}, [], dq_output_scales(c)
@@ -200,22 +191,23 @@ def ort_intermediates(c, inputs: dict) -> dict:
 def locate_divergence(c, segs, inputs, opts: RunOptions, names: dict, tol: float) -> dict | None:
     """Rerun layer by layer (each compute node with its Q/DQ, on its executor, chained on our own
     outputs) and return the first layer whose integer output is off by more than ``tol`` LSB."""
-    from ..graph import extract_segment
+    from ..graph import extract_chain
     ort = ort_intermediates(c, inputs)
-    tensors, graph_outputs = dict(inputs), {o.name for o in c.graph.output}
-    for seg in segs:
-        for group in seg.groups:
-            model = _drop_dq_outputs(extract_segment(c, group), graph_outputs)
-            outs, _ = segment_runnable(model, seg.executor, opts).run({n: tensors[n] for n in _inputs(model)})
-            tensors.update(outs)
-            for name, v in outs.items():
-                r = ort.get(name)
-                if r is None or not np.issubdtype(r.dtype, np.integer):
-                    continue
-                d = float(np.abs(v.astype(np.int64) - r.astype(np.int64)).max(initial=0))
-                if d > tol:
-                    return {"layer_id": names.get(group[0], f"node {group[0]}"), "tensor": name,
-                            "max_abs_lsb": d, "executor": seg.executor}
+    tensors = dict(inputs)
+    steps = [(seg.executor, group) for seg in segs for group in seg.groups]
+    for (executor, group), model in zip(steps, extract_chain(c, [g for _, g in steps])):
+        if model is None:
+            continue
+        outs, _ = segment_runnable(model, executor, opts).run({n: tensors[n] for n in _inputs(model)})
+        tensors.update(outs)
+        for name, v in outs.items():
+            r = ort.get(name)
+            if r is None or not np.issubdtype(r.dtype, np.integer):
+                continue
+            d = float(np.abs(v.astype(np.int64) - r.astype(np.int64)).max(initial=0))
+            if d > tol:
+                return {"layer_id": names.get(group[0], f"node {group[0]}"), "tensor": name,
+                        "max_abs_lsb": d, "executor": executor}
     return None
 
 
@@ -235,13 +227,16 @@ def fp32_model(opts: RunOptions):
 
 def run_full(opts: RunOptions, log=None) -> tuple[dict, Path]:
     from ..compiler.pipeline import import_graph
+    from ..progress import stage
     from .. import reference
-    layers, suffix, q = model_and_layers(opts.model, opts.quant, opts.subgraph)
+    with stage("run: cutting and quantizing the model"):
+        layers, suffix, q = model_and_layers(opts.model, opts.quant, opts.subgraph)
     path = schema.report_path(opts.output_dir, opts.model.stem, suffix)
     report = schema.load(path)
     check_fingerprint(report, opts.quant.fingerprint(opts.model), path)
-    c = import_graph(q)                          # node k <-> the full model's k-th torch.operator
-    full = X.frontend(q, debug_ir=opts.debug_ir, name=opts.model.stem)
+    with stage("run: importing the whole model"):
+        c = import_graph(q)                      # node k <-> the full model's k-th torch.operator
+        full = X.frontend(q, debug_ir=opts.debug_ir, name=opts.model.stem)
     executor_of = assign(report, layers, full.operator_locations)
     schema.save(report, path)                    # re-derived locations + compiler JSON
     segs = partition.segments(c_nodes(c), executor_of)
@@ -253,7 +248,8 @@ def run_full(opts: RunOptions, log=None) -> tuple[dict, Path]:
     t0 = time.perf_counter()
     tensors, timings = execute(c, segs, inputs, opts, opts.model.stem, log)
     wall = time.perf_counter() - t0
-    ref = reference.run(ref_model, inputs)
+    with stage("run: ONNX Runtime reference"):
+        ref = reference.run(ref_model, inputs)
     ours = {k: tensors[k] for k in ref}
     m = float_metrics(ours, ref, opts.tolerance_frac) if bf16 else metrics(c, ours, ref, opts.tolerance_lsb)
     m.update(rounding=opts.rounding, segments=timings, seed=opts.seed, run_s=round(wall, 3),
@@ -261,7 +257,8 @@ def run_full(opts: RunOptions, log=None) -> tuple[dict, Path]:
     if not m["passed"] and not bf16:
         by_loc = {op.get("mlir_location"): lid for lid, op in report["ops"].items()}
         names = {j: by_loc.get(loc, f"{op}@{loc}") for j, (op, loc) in enumerate(full.operator_locations)}
-        m["first_divergence"] = locate_divergence(c, segs, inputs, opts, names, opts.tolerance_lsb)
+        with stage("run: locating the first diverging layer"):
+            m["first_divergence"] = locate_divergence(c, segs, inputs, opts, names, opts.tolerance_lsb)
     report["full_model_metrics"] = m
     schema.save(report, path)
     return report, path
@@ -298,13 +295,17 @@ def cmd_run(args) -> int:
     opts = RunOptions(model, Path(args.output_dir), quant_settings(args), (args.subgraph_from, args.subgraph_to),
                       args.debug_ir, args.rounding, args.tolerance_lsb, args.seed, args.recompute_cache,
                       args.tolerance_frac, args.ray)
-    with layer_progress("run") as bar:
+    with layer_progress("run", "segments") as bar:
         report, path = run_full(opts, bar)
     if "quantization" not in report:
         print("run: note: the report has no quantization fingerprint (reference tool JSON); flags not checked")
     m = report["full_model_metrics"]
     segs = ", ".join(f"{s['executor']} ({s['layers']} layers, {s['runtime_ms']:.1f} ms)" for s in m["segments"])
     print(f"run: {len(m['segments'])} segment(s): {segs}")
+    from .view import layer_counts
+    c = layer_counts(report)
+    print(f"run: discover's {c['layers']} layers = {c['ops']} ops of their own + {c['fused']} fused into the op "
+          f"before them (e.g. Relu into Conv) + {c['folded']} folded constants")
     if opts.quant.auto_convert_bf16:
         return _print_float(m, path)
     for name, o in m["outputs"].items():

@@ -59,6 +59,11 @@ def tolerance(report: dict, layer_id: str) -> dict:
     return op.get("tolerance_used") or report.get("default_tolerance", DEFAULT_TOLERANCE)
 
 
+def is_location(value) -> bool:
+    """A "LINE:COL" MLIR location (not an op type standing in for a fused layer)."""
+    return isinstance(value, str) and bool(_LOC.match(value))
+
+
 def compiler_config(report: dict) -> dict:
     """``op_assignments`` for every op with a LINE:COL location and a recommended executor."""
     assign = {}

@@ -26,23 +26,52 @@ def _cell(r: dict | None) -> str:
     return text
 
 
-def print_table(report: dict, console=None) -> None:
+def layer_counts(report: dict) -> dict:
+    """discover's layers by how the whole model holds them: ops of their own, fused into the op
+    before them (a Relu into its Conv: no MLIR location of their own), folded constants."""
+    ops = list(report["ops"].values())
+    n_folded = sum(1 for op in ops if folded(op))
+    fused = sum(1 for op in ops if not folded(op) and not schema.is_location(op.get("mlir_location")))
+    return {"layers": len(ops), "ops": len(ops) - n_folded - fused, "fused": fused, "folded": n_folded}
+
+
+def folded(op: dict) -> bool:
+    """A layer of constant shape arithmetic, computed at compile time (no executor runs it)."""
+    return str(op.get("skipped", "")).startswith("constant")
+
+
+def _folded_note(report: dict, show_all: bool) -> str:
+    n = sum(1 for op in report["ops"].values() if folded(op))
+    return f"folded: {n} (constant shape arithmetic computed at compile time" + \
+        ("" if show_all else "; --all lists them") + ")" if n else ""
+
+
+def print_table(report: dict, console=None, show_all: bool = False) -> None:
+    """Layers x executors; layer ids whole (a pipe gets the table's full width, ids copy into
+    ``edit``); folded constants counted apart unless ``show_all``."""
+    import sys
+
     from rich.console import Console
     from rich.table import Table
-    console = console or Console()
+    console = console or Console(width=None if sys.stdout.isatty() else 100_000)
     t = Table(title=f"executor map: {report.get('model_name')}")
     for col in ("#", "layer", *EXECUTOR_ORDER, "recommended", "location"):
-        t.add_column(col)
+        t.add_column(col, overflow="fold")
     for lid, op in report["ops"].items():
+        if folded(op) and not show_all:
+            continue
         ex = op.get("executors", {})
         cells = [f"[{_STYLE[ex[e]['status']]}]{_cell(ex[e])}[/]" if e in ex else "-" for e in EXECUTOR_ORDER]
         rec = op.get("recommended_executor") or "[red]null[/]"
         t.add_row(str(op.get("_orig_index", "")), lid, *cells, rec, str(op.get("mlir_location", "")))
     console.print(t)
+    if _folded_note(report, show_all):
+        console.print(_folded_note(report, show_all))
     s = report.get("discovery_report", {}).get("summary", {})
     if s:
+        n_folded = sum(1 for op in report["ops"].values() if folded(op))
         console.print("recommended: " + ", ".join(f"{e} {n}" for e, n in s.get("executor_counts", {}).items())
-                      + f" of {s.get('total_layers')} layers")
+                      + f" of {s.get('total_layers', 0) - n_folded} layers" + (f" (+ {n_folded} folded)" if n_folded else ""))
     m = report.get("full_model_metrics")
     if m:
         console.print(f"full model (run): max |Δ| {m.get('max_abs_lsb')} LSB, within tolerance: {m.get('passed')}")
@@ -71,11 +100,14 @@ def layer_detail(report: dict, name: str) -> str:
     return "\n".join(lines)
 
 
-def html_page(report: dict) -> str:
-    """One self-contained page: no scripts, no external resources."""
+def html_page(report: dict, show_all: bool = False) -> str:
+    """One self-contained page: no scripts, no external resources (folded constants counted in
+    the summary unless ``show_all``)."""
     colour = {"success": "#c8f7c5", "difference": "#fff3b0", "error": "#f7c5c5"}
     rows = []
     for lid, op in report["ops"].items():
+        if folded(op) and not show_all:
+            continue
         cells = []
         for e in EXECUTOR_ORDER:
             r = op.get("executors", {}).get(e)
@@ -92,7 +124,7 @@ def html_page(report: dict) -> str:
                     f"<td>{html.escape(str(op.get('mlir_location', '')))}</td></tr>")
     return _HTML.format(name=html.escape(str(report.get("model_name"))), rows="\n".join(rows),
                         head="".join(f"<th>{e}</th>" for e in EXECUTOR_ORDER),
-                        summary=html.escape(report.get("final_report_text", "")),
+                        summary=html.escape(report.get("final_report_text", "") + "\n" + _folded_note(report, show_all)),
                         histogram=_histogram(report.get("full_model_metrics")),
                         reasons="".join(f"<li><b>{k}</b>: {html.escape(v)}</li>" for k, v in REASON_CODES.items()))
 
@@ -141,6 +173,8 @@ def register(sub) -> None:
     p.add_argument("--layer", help="one layer's detail incl. failure reasons (exact id or substring)")
     p.add_argument("--html", metavar="OUT.html", help="write the table as one self-contained HTML page")
     p.add_argument("--json", action="store_true", help="print the report JSON")
+    p.add_argument("--all", action="store_true", dest="show_all",
+                   help="also list the folded constants (shape arithmetic computed at compile time)")
     p.set_defaults(func=cmd_view)
 
 
@@ -149,7 +183,7 @@ def cmd_view(args) -> int:
     layer = args.layer or args.layer_pos
     if args.html:
         try:
-            atomic_write_text(args.html, html_page(report))
+            atomic_write_text(args.html, html_page(report, args.show_all))
         except OSError as e:
             raise TorqError(f"--html {args.html}: cannot write: {e.strerror}") from None
         print(f"view: wrote {args.html}")
@@ -158,5 +192,5 @@ def cmd_view(args) -> int:
     elif args.json:
         print(json.dumps(report, indent=2))
     else:
-        print_table(report)
+        print_table(report, show_all=args.show_all)
     return 0

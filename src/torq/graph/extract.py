@@ -194,8 +194,10 @@ def _value_info(name: str, p: _Prepared, what: str) -> onnx.ValueInfoProto:
     return vi
 
 
-def _build(p: _Prepared, idx: Sequence[int], name: str, all_outputs: bool) -> onnx.ModelProto:
-    """Standalone model of graph.node[idx] (indices into the prepared model's full node list)."""
+def _build(p: _Prepared, idx: Sequence[int], name: str, all_outputs: bool,
+           exports: Sequence[str] | None = None) -> onnx.ModelProto:
+    """Standalone model of graph.node[idx] (indices into the prepared model's full node list);
+    ``exports`` (when given) are its outputs, else those ``all_outputs`` implies."""
     g = p.model.graph
     nodes = [g.node[i] for i in idx]
     selected = set(idx)
@@ -214,7 +216,9 @@ def _build(p: _Prepared, idx: Sequence[int], name: str, all_outputs: bool) -> on
             inits.append(numpy_helper.from_array(p.consts[x], x))
         else:
             inputs.append(_value_info(x, p, name))
-    if all_outputs:
+    if exports is not None:
+        outs = list(exports)
+    elif all_outputs:
         outs = produced
     else:
         outs = [o for o in produced if o in p.graph_outputs
@@ -301,3 +305,27 @@ def extract_segment(model: str | os.PathLike | onnx.ModelProto,
     ids = [layer_id(p.model.graph.node[i]) for i in idx]
     name = f"segment_{ids[0]}" if len(ids) == 1 else f"segment_{ids[0]}__{ids[-1]}"
     return _build(p, idx, name, all_outputs=False)
+
+
+def extract_chain(model: str | os.PathLike | onnx.ModelProto,
+                  subsets: Sequence[Iterable[int | str]]) -> list[onnx.ModelProto | None]:
+    """Standalone models of node subsets that run one after another, each fed by the ones before.
+
+    A node may sit in several subsets (a DequantizeLinear read on two executors is computed in
+    both), so a subset exports exactly what a *later* subset reads from outside itself, plus
+    the graph outputs it produces — the int8 tensor under a shared DQ included. A subset that
+    nothing after it reads gives ``None`` (there is nothing to run)."""
+    p = _prepare(model)
+    g = p.model.graph
+    idxs = [_resolve(p, s) for s in subsets]
+    produced = [[o for i in idx for o in g.node[i].output if o] for idx in idxs]
+    needed, exports = set(p.graph_outputs), []
+    for idx, made in zip(reversed(idxs), reversed(produced)):
+        exports.append([o for o in dict.fromkeys(made) if o in needed])
+        mine = set(made)
+        needed |= {x for i in idx for x in list(g.node[i].input) + sorted(_implicit_inputs(g.node[i]))
+                   if x and x not in mine}
+    out = []
+    for k, (idx, outs) in enumerate(zip(idxs, reversed(exports))):
+        out.append(_build(p, idx, f"segment{k}_{layer_id(g.node[idx[0]])}", False, outs) if outs else None)
+    return out

@@ -93,13 +93,18 @@ def _check_input_dims(model: onnx.ModelProto, where: str) -> None:
     for v in model.graph.input:
         if v.name in inits or not v.type.HasField("tensor_type"):
             continue
-        dims = [d.dim_value for d in v.type.tensor_type.shape.dim if d.HasField("dim_value")]
-        for d in dims:
+        dims = [(k, d.dim_value) for k, d in enumerate(v.type.tensor_type.shape.dim) if d.HasField("dim_value")]
+        for k, d in dims:
+            if d < 0:       # Paddle's exports write -1 for "any size"
+                raise TorqError(f"{where}: graph input {quote(v.name)} has dim {d} (any size) at axis {k}: give it "
+                                "the size you deploy with (onnx.tools.update_model_dims.update_inputs_outputs_dims, "
+                                "or re-export with a fixed input shape)")
             if not 1 <= d <= MAX_DIM:
                 raise TorqError(f"{where}: graph input {quote(v.name)} has dim {d} "
                                 f"(each dim must be 1..{MAX_DIM})")
-        if math.prod(dims) > MAX_ELEMENTS:
-            raise TorqError(f"{where}: graph input {quote(v.name)} has {math.prod(dims)} elements "
+        size = math.prod(d for _, d in dims)
+        if size > MAX_ELEMENTS:
+            raise TorqError(f"{where}: graph input {quote(v.name)} has {size} elements "
                             f"(at most {MAX_ELEMENTS})")
 
 

@@ -23,7 +23,7 @@ from .loops import act_loop, add_loop, as4d, bcast, channel_params, contiguous_r
 
 __all__ = ["INT32_MIN", "INT32_MAX", "MAX_SHIFT", "SHIFT_STEP", "ZERO_SCALE_SHIFT", "llround",
            "multiplier_and_shift", "per_channel_multipliers", "conv_rescale",
-           "conv_rescale_constant_channels", "constant_channel", "exact_dyadic", "EXACT_GRID_BITS",
+           "conv_rescale_constant_channels", "constant_channel", "constant_output", "exact_dyadic", "EXACT_GRID_BITS",
            "rescale_ties_even", "ntp_shift",
            "act_native", "act_native_parts", "add_multipliers", "add_native_mults", "mul_multiplier",
            "mul_native", "avgpool_multiplier", "avgpool_native", "nte_shift", "UINT8_SHIFT", "uint8_to_int8",
@@ -192,6 +192,29 @@ def conv_rescale_constant_channels(dq_scale, ys, bias, constant, out_zp, out_min
         bias[c] <<= k
         dq[c] = np.ldexp(dq[c], -k)
     return mults, shift, bias, dq
+
+
+def constant_output(dq_scale, ys, acc_lo, acc_hi, out_zp, out_min, out_max) -> np.ndarray:
+    """Per output channel: does every accumulator in ``[acc_lo, acc_hi]`` give one output, the
+    same by ORT's float32 recipe (``requant_ort``) and by the exact ``clamp(NTP(acc·scale) + zp)``
+    that ``constant_channel`` reproduces? Both are monotone in acc, so the two ends decide; a
+    range leaving int32 (the accumulator would wrap) never does. Such a channel (a BatchNorm
+    "dust" channel: weights 1e-8 of its layer's, a bias near the int32 limit) is a constant."""
+    from .ort import ort_requant_scale, requant_ort
+    lo = np.asarray(acc_lo, np.int64).reshape(-1)
+    hi = np.asarray(acc_hi, np.int64).reshape(-1)
+    inside = (lo >= INT32_MIN) & (hi <= INT32_MAX)
+    s32 = ort_requant_scale(dq_scale, ys).reshape(-1) * np.ones(len(lo), _F32)
+    ort = [requant_ort(np.clip(a, INT32_MIN, INT32_MAX)[None], s32, out_zp, out_min, out_max)[0] for a in (lo, hi)]
+    scales = _rescale_scales(dq_scale, ys) * np.ones(len(lo))
+    zp, qlo, qhi = int(out_zp), int(out_min), int(out_max)
+
+    def exact(acc, c):
+        return min(max(math.floor(Fraction(int(acc)) * Fraction(float(scales[c])) + Fraction(1, 2)) + zp, qlo), qhi)
+    same = inside & (ort[0] == ort[1])
+    for c in np.flatnonzero(same):
+        same[c] = exact(lo[c], c) == exact(hi[c], c) == int(ort[0][c])
+    return same
 
 
 def constant_channel(acc: int, scale: float, shift: int, out_zp: int, out_min: int,

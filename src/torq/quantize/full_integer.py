@@ -145,6 +145,28 @@ def convert_to_full_integer(model: onnx.ModelProto) -> onnx.ModelProto:
     return m
 
 
+def left_float(model: onnx.ModelProto) -> dict[str, str]:
+    """Graph I/O of a full-integer model that stayed float, each with why: an output produced by
+    an op ORT left in float (no DequantizeLinear to strip), an input read by something other
+    than one QuantizeLinear. ``{name: reason}``; empty when every I/O is integer."""
+    g = model.graph
+    inits = {t.name for t in g.initializer}
+    why = {}
+    for v in [i for i in g.input if i.name not in inits] + list(g.output):
+        if v.type.tensor_type.elem_type != TensorProto.FLOAT:
+            continue
+        if v in g.output:
+            n = next((n for n in g.node if v.name in n.output), None)
+            what = f"{n.op_type} '{n.name or v.name}'" if n is not None else "no node"
+            why[v.name] = f"output '{v.name}' stays float32: it is produced by {what}, which ONNX Runtime " \
+                          "left in float (not followed by a QuantizeLinear)"
+        else:
+            users = sorted({u.op_type for u in _consumers(g, v.name)})
+            why[v.name] = f"input '{v.name}' stays float32: it is read by {', '.join(users) or 'nothing'}, " \
+                          "not by one QuantizeLinear"
+    return why
+
+
 def _drop_unused_initializers(g: onnx.GraphProto) -> None:
     used = {x for n in g.node for x in n.input} | {o.name for o in g.output}
     for sub_n in g.node:

@@ -239,7 +239,10 @@ def quantize_prepared(recipe: Recipe, prepared: onnx.ModelProto, reader, *, wher
     from .calibration import rewind
     from .static import run_quantizer
     q, fmt = run_quantizer(prepared, reader, recipe, _ort_selection(recipe, prepared), where)
-    if fmt == "qoperator" and _quantized(q):
+    from .islands import unquantized_tensors
+    # QOperator leaves float islands between its QLinear ops; QDQ leaves the ops ORT has no
+    # QDQ rule for (x.mean(3).mean(2) ending a backbone) float: both get Q/DQ, int8 throughout.
+    if _quantized(q) and (fmt == "qoperator" or unquantized_tensors(q)):
         from .islands import quantize_islands
         rewind(reader)
         q = quantize_islands(q, prepared, reader, _method(recipe), _activation_type(recipe).tensor_type)

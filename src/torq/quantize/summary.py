@@ -10,7 +10,7 @@ from pathlib import Path
 import onnx
 from onnx import helper
 
-from ..graph.io_quant import io_quant_params
+from ..graph.io_quant import IO_QUANT_KEY, io_quant_params
 
 _QDQ = ("QuantizeLinear", "DequantizeLinear")
 
@@ -73,4 +73,7 @@ def summary_lines(fp32: onnx.ModelProto, q: onnx.ModelProto, *, src_path=None, o
                 extra = f"  scale={p['scale']:.6g} zero_point={p['zero_point']}" \
                     if isinstance(p["scale"], float) else "  (per-axis scale)"
             lines.append(f"{kind[:-1]:<9} {_io(v)}{extra}")
+    if any(p.key == IO_QUANT_KEY for p in q.metadata_props):      # full-integer was asked for
+        from .full_integer import left_float
+        lines += [f"warning:  --full-integer: {why}" for why in left_float(q).values()]
     return lines

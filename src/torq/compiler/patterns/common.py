@@ -41,9 +41,11 @@ class Root:
 class Ctx:
     """Per-module lowering state: constant folder, generic cache, failure reasons."""
 
-    def __init__(self, module, ort_zp_shift: int = 0, onnx_ops: dict | None = None):
+    def __init__(self, module, ort_zp_shift: int = 0, onnx_ops: dict | None = None,
+                 onnx_names: dict | None = None):
         self.module = module
         self.onnx_ops = onnx_ops or {}    # "LINE:COL" -> ONNX op type (from the import)
+        self.onnx_names = onnx_names or {}   # "LINE:COL" -> ONNX node name
         self.folder = L.Folder()
         self.reasons: dict = {}   # id(compute op) -> (op, reason)
         self.ort_zp_shift = ort_zp_shift   # 128 when uint8 activations were shifted (compiler/frontend/signedness.py)
@@ -117,6 +119,19 @@ class Ctx:
     def onnx_op(self, op) -> str:
         """ONNX op type of the torch.operator an op was lowered from ('' if unknown)."""
         return self.onnx_ops.get(L.location_key(op), "")
+
+    def onnx_name(self, op) -> str:
+        """ONNX node name of the torch.operator an op was lowered from ('' if unknown)."""
+        return self.onnx_names.get(L.location_key(op), "")
+
+    def reason(self, op) -> str | None:
+        """The reason recorded for `op` by a rule's `fail`. Operation wrappers may hash
+        differently once other ops were rewritten or erased, so equality decides."""
+        hit = self.reasons.get(L.id_of(op))
+        if hit is None:
+            key = L.id_of(op)
+            hit = next((v for k, v in self.reasons.items() if k == key), None)
+        return hit[1] if hit else None
 
     def int_const_of_dequant(self, value):
         """value = [broadcast|collapse](DQ(const int)) -> (int array, scale, zp) or None.
@@ -206,11 +221,12 @@ def empty(result_type, loc, ip):
 
 
 def constant(array: np.ndarray, mlir_elem: str, loc, ip):
-    """arith.constant holding a numpy array with the given element type (i8/i16/i32/f32)."""
+    """arith.constant holding a numpy array with the given element type (i8/i16/i32/i64/f32)."""
     from torch_mlir import ir
     elem = {"i8": ir.IntegerType.get_signless(8), "i16": ir.IntegerType.get_signless(16),
-            "i32": ir.IntegerType.get_signless(32), "f32": ir.F32Type.get()}[mlir_elem]
-    np_dt = {"i8": np.int8, "i16": np.int16, "i32": np.int32, "f32": np.float32}[mlir_elem]
+            "i32": ir.IntegerType.get_signless(32), "i64": ir.IntegerType.get_signless(64),
+            "f32": ir.F32Type.get()}[mlir_elem]
+    np_dt = {"i8": np.int8, "i16": np.int16, "i32": np.int32, "i64": np.int64, "f32": np.float32}[mlir_elem]
     arr = np.ascontiguousarray(np.asarray(array).astype(np_dt))
     t = ir.RankedTensorType.get(list(arr.shape), elem)
     attr = ir.DenseElementsAttr.get(arr, type=t)
@@ -254,21 +270,33 @@ def int32_or_fail(ctx: Ctx, op, what: str, values) -> Fail | None:
     return ctx.fail(op, f"{what} {int(v[bad[0]])} (output channel {int(bad[0])}) exceeds int32")
 
 
-def folded_bias(ctx: Ctx, op, bias, in_zp: int, w_adj) -> np.ndarray | Fail:
-    """b' = b − in_zp·Σw′ per output channel, checked with the accumulator bound 128·Σ|w′| + |b'|."""
+def folded_bias(ctx: Ctx, op, bias, in_zp: int, w_adj) -> np.ndarray:
+    """b' = b − in_zp·Σw′ per output channel, modulo 2**32 as the int32 register holds it.
+
+    ORT accumulates ``Σ(x − in_zp)·w′ + b`` in int32 and wraps; ``Σx·w′ + b'`` wrapped the same
+    way is congruent modulo 2**32, so the ACT sees the very same int32 whatever the range. A
+    BatchNorm-folded "dust" channel (weights ~1e-8 of the layer's, int32 bias near its limit)
+    is therefore lowered exactly, not refused."""
     w2 = np.asarray(w_adj, np.int64).reshape(len(bias), -1)
     folded = np.asarray(bias, np.int64) - int(in_zp) * w2.sum(axis=1)
-    for what, v in (("folded bias (bias − in_zp·Σw′)", folded),
-                    ("accumulator bound", 128 * np.abs(w2).sum(axis=1) + np.abs(folded))):
-        fail = int32_or_fail(ctx, op, what, v)
-        if fail is not None:        # (a Fail is falsy: compare with None)
-            return fail
-    return folded
+    return folded.astype(np.int32).astype(np.int64)
 
 
 def rescale(dq_scale, ys, w_adj, bias, q):
-    """``(multipliers, shift, bias, dq_scale)`` of a constant-weight conv / FC:
-    ``numerics.conv_rescale_constant_channels``, told which output channels have all-zero
-    weights (a constant output, which must not choose the shared shift)."""
-    dead = ~np.asarray(w_adj).reshape(len(bias), -1).any(axis=1)
-    return numerics.conv_rescale_constant_channels(dq_scale, ys, bias, dead, int(q.zp), int(q.lo), int(q.hi))
+    """``(multipliers, shift, bias, dq_scale, w_adj)`` of a constant-weight conv / FC:
+    ``numerics.conv_rescale_constant_channels``, told which output channels are constant — the
+    same output for every int8 input (``numerics.constant_output`` over the accumulator's whole
+    range): all-zero weights, or BatchNorm "dust" whose per-channel scale stretched 1e-8 weights
+    to ±127. Their weights become 0 (the output does not change), so they neither set the shared
+    shift nor cost live channels multiplier bits."""
+    w2 = np.asarray(w_adj, np.int64).reshape(len(bias), -1)
+    b = np.asarray(bias, np.int64)
+    acc_lo = b + np.minimum(127 * w2, -128 * w2).sum(axis=1)
+    acc_hi = b + np.maximum(127 * w2, -128 * w2).sum(axis=1)
+    const = numerics.constant_output(dq_scale, ys, acc_lo, acc_hi, int(q.zp), int(q.lo), int(q.hi))
+    const |= ~w2.any(axis=1)
+    if const.any() and w2[const].any():
+        w_adj = np.array(w_adj, copy=True)
+        w_adj.reshape(len(bias), -1)[const] = 0
+    return (*numerics.conv_rescale_constant_channels(dq_scale, ys, bias, const, int(q.zp), int(q.lo), int(q.hi)),
+            w_adj)

@@ -21,7 +21,7 @@ import numpy as np
 from ... import numerics
 from .. import linalg_view as L
 from .. import recognise as R
-from .common import Ctx, Fail, Root, constant, emit, folded_bias, int32_or_fail, pad_constant, rescale, scalar, strip_pad
+from .common import Ctx, Root, constant, emit, folded_bias, int32_or_fail, pad_constant, rescale, scalar, strip_pad
 
 
 @dataclass
@@ -224,9 +224,7 @@ class QConv2D:
         else:
             w_adj = m.w - m.w_zp                                       # seed §4.3.1
             bias = folded_bias(ctx, m.conv, m.bias, m.in_zp, w_adj)   # §4.3.2 + §4.3.3
-            if isinstance(bias, Fail):
-                return bias
-            mults, shift, bias, dq_scale = rescale(m.dq_scale, ys, w_adj, bias, root.q)
+            mults, shift, bias, dq_scale, w_adj = rescale(m.dq_scale, ys, w_adj, bias, root.q)
             scale_bias = np.stack([bias, mults], axis=1).reshape(-1)   # [b0, m0, b1, m1, ...]
             weights = constant(w_adj, "i16" if m.w_zp != 0 else "i8", loc, ip)
             sb = constant(scale_bias, "i32", loc, ip)

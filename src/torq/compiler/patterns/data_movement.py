@@ -3,6 +3,8 @@
     Q ∘ collapse_shape ∘ DQ      -> collapse_shape   (Flatten, Reshape; same qparams)
     Q ∘ expand_shape ∘ DQ        -> expand_shape
     Q ∘ transpose ∘ DQ           -> transpose        (Transpose; same qparams)
+    Q ∘ pad(DQ, v)               -> pad(x | table(x), Q(v))   (Pad, constant mode: int8 padding;
+                                    a Conv/pool reading it takes the padding as its own)
     Q ∘ concat(DQ_i)             -> concat(x_i | table_i(x_i))   (Concat: inputs whose qparams
                                     differ from the output's are requantized by a 256-entry table
                                     of their own Q ∘ DQ, as ORT's QLinearConcat does; a constant
@@ -73,6 +75,50 @@ class QTranspose:
             return linalg.transpose(x, outs=[init], permutation=L.attr_ints(op, "permutation")).operation
 
 
+class QPad:
+    """Q ∘ pad(DQ(x), v) -> pad(x | table(x), Q(v))"""
+
+    def match(self, ctx: Ctx, root: Root):
+        op = L.producer(root.value)
+        if op is None or op.name != "tensor.pad":
+            return None
+        dq = ctx.dequant(op.operands[0])
+        if dq is None or np.ndim(dq[1]) or np.ndim(root.q.scale):
+            return ctx.fail(op, "Pad input or output is not a per-tensor dequantized integer tensor")
+        value = ctx.const(list(op.regions[0].blocks[0].operations)[-1].operands[0])
+        if value is None:
+            return ctx.fail(op, "the padding value is not a constant")
+        steps = [ctx.generic(c) for c in reversed(root.clamps)] + [ctx.generic(root.op)]
+        q_value = int(lookup_values(steps, np.float32(value)))
+        requant = None if _same(ctx, dq, root) and not root.clamps else [ctx.generic(L.producer(op.operands[0])), *steps]
+        return op, dq[0], q_value, requant
+
+    def rewrite(self, ctx: Ctx, root: Root, m):
+        from torch_mlir import ir
+        from torch_mlir.dialects import arith, tensor
+        op, x, q_value, requant = m
+        rtype, ip = root.op.results[0].type, ir.InsertionPoint(root.op)
+        if requant is not None:          # other qparams (or a clamp) after the Pad: one table first
+            x = emit("table", root, [x], dict(table=lookup_table(*requant)), op,
+                     result_type=rtype, shape_of=x).results[0]
+        elem = ir.RankedTensorType(rtype).element_type
+        with op.location:
+            pad = tensor.PadOp(rtype, x, [], [], L.attr_ints(op, "static_low"), L.attr_ints(op, "static_high"), ip=ip)
+            block = pad.regions[0].blocks.append(*[ir.IndexType.get()] * len(L.shape_of(x)))
+            with ir.InsertionPoint(block):
+                tensor.YieldOp(arith.ConstantOp(elem, ir.IntegerAttr.get(elem, q_value)).result)
+        return pad.operation
+
+
+def lookup_values(generics, value) -> np.ndarray:
+    """One-input elementwise generics evaluated in order on a scalar, as the linalg computes them."""
+    y = np.asarray(value)
+    for g in generics:
+        shape = (1,) * len(g.out_shape)
+        y = g.evaluate({g.var_inputs[0]: np.asarray(y).reshape(shape)}, shape).ravel()[0]
+    return y
+
+
 class QConcat:
     """Q ∘ concat(DQ_i) -> concat(x_i | table_i(x_i))"""
 
@@ -112,4 +158,4 @@ class QConcat:
                                loc=op.location, ip=ir.InsertionPoint(root.op)).operation
 
 
-RULES = [QReshape(), QTranspose(), QConcat()]
+RULES = [QReshape(), QTranspose(), QPad(), QConcat()]

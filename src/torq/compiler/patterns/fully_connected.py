@@ -17,7 +17,7 @@ from ... import numerics
 from .. import linalg_view as L
 from .. import recognise as R
 from .. import torq_hl
-from .common import Ctx, Fail, Root, constant, emit, empty, folded_bias, rescale, scalar
+from .common import Ctx, Root, constant, emit, empty, folded_bias, rescale, scalar
 
 
 @dataclass
@@ -156,9 +156,7 @@ class QFullyConnected:
         ys = np.float32(root.q.scale)
         w_adj = m.w - m.w_zp
         bias = folded_bias(ctx, m.mm, m.bias, m.in_zp, w_adj)  # q_bias = q_b - Z_X·Σ q_W (lecture)
-        if isinstance(bias, Fail):
-            return bias
-        mults, shift, bias, dq_scale = rescale(m.dq_scale, ys, w_adj, bias, root.q)
+        mults, shift, bias, dq_scale, w_adj = rescale(m.dq_scale, ys, w_adj, bias, root.q)
         ip = ir.InsertionPoint(root.op)
         loc = m.mm.location
         weights = constant(w_adj, "i16" if m.w_zp != 0 else "i8", loc, ip)

@@ -11,7 +11,11 @@
                                                      count_include_pad=0: N per position)
     pooling_nchw_max(int8) ∘ [pad(int min)]       -> torq_hl.maxpool2d   (QOperator MaxPool, which
                                                      ORT keeps as a plain int8 MaxPool)
-    Q ∘ divf(H·W) ∘ sum over (H, W) ∘ DQ          -> torq_hl.avg_pool2d  (ReduceMean over H, W)
+    Q ∘ divf(n) ∘ sum over axes R ∘ DQ            -> torq_hl.avg_pool2d  (ReduceMean over any
+                                                     axes, attribute or input form: over H, W as is;
+                                                     else x transposed so R comes last, reshaped to
+                                                     [1, kept, 1, n], one [1, n] window; float
+                                                     means chained under one Q: one average)
 """
 from __future__ import annotations
 
@@ -87,7 +91,7 @@ class QAvgPool:
             return self._exclude_pad(ctx, root, g)
         else:   # a 1x1 window: torch-mlir folds the division by 1 away
             pool, count = div, np.ones(1)
-        if _is_hw_sum(pool):
+        if _summed_dims(pool):
             return self._reduce_mean(ctx, root, pool, count)
         if pool is None or pool.name != "linalg.pooling_nchw_sum":
             return None
@@ -120,13 +124,24 @@ class QAvgPool:
         return _with_include_pad(_averaging(ctx, root, pool, xin, "AveragePool", pad, kernel), 0)
 
     def _reduce_mean(self, ctx, root, red, count):
-        kernel = list(L.shape_of(red.operands[0])[2:])
-        if count.size != 1 or count[0] != kernel[0] * kernel[1]:
-            return ctx.fail(red, "ReduceMean divisor is not H·W")
-        return _with_include_pad(_averaging(ctx, root, red, red.operands[0], "ReduceMean", [0, 0, 0, 0], kernel), 1)
+        chain = _mean_chain(ctx, red, count)
+        if isinstance(chain, Fail):
+            return chain
+        src, dims = chain
+        shape = L.shape_of(src)
+        kept = [d for d in range(len(shape)) if d not in dims]
+        n = int(np.prod([shape[d] for d in dims]))
+        if len(shape) == 4 and dims == [2, 3]:
+            view, kernel = None, list(shape[2:])
+        else:        # kept axes first, averaged ones last: [1, Πkept, 1, n], one [1, n] window
+            view, kernel = (kept + dims, [1, int(np.prod([shape[d] for d in kept])), 1, n]), [1, n]
+        m = _averaging(ctx, root, red, src, "ReduceMean", [0, 0, 0, 0], kernel)
+        return m if isinstance(m, Fail) else m + (1, view)
 
     def rewrite(self, ctx: Ctx, root: Root, m):
-        pool, x, xs, xz, pad, kernel, include_pad = m
+        pool, x, xs, xz, pad, kernel, include_pad, *view = m
+        if view and view[0] is not None:
+            x = _reshaped(x, *view[0], pool.location, root.op)
         ys = float(root.q.scale)
         n = kernel[0] * kernel[1]
         mult, shift = numerics.avgpool_multiplier(xs, ys, n)
@@ -136,6 +151,46 @@ class QAvgPool:
                      stride=stride, pad=pad, count_include_pad=include_pad, round_ties_even=1,
                      ort_input_scale=[xs], ort_output_scale=[ys], ort_zp_shift=ctx.ort_zp_shift)
         return emit("avg_pool2d", root, [x], attrs, pool)
+
+
+def _mean_chain(ctx: Ctx, red, count):
+    """(source value, its averaged axes) of ``divf(count) ∘ sum`` and of float means chained
+    under it (ORT leaves QDQ ReduceMeans in float: ``x.mean(3).mean(2)`` is one DQ, two means,
+    one Q), or a Fail when a divisor is not the number of elements its sum adds up."""
+    src, dims = red.operands[0], _summed_dims(red)
+    shape = L.shape_of(src)
+    n = int(np.prod([shape[d] for d in dims]))
+    if count.size != 1 or count[0] != n:
+        return ctx.fail(red, f"ReduceMean divisor {count.ravel()[0]:g} is not the {n} averaged elements")
+    g = ctx.generic(L.producer(src))
+    hit = R.as_scalar_op(g, "arith.divf") if g is not None else None
+    inner = L.producer(g.inputs[hit[0]]) if hit is not None else None
+    if not _summed_dims(inner):
+        return src, dims
+    below = _mean_chain(ctx, inner, np.asarray(hit[1]).ravel())
+    if isinstance(below, Fail):
+        return below
+    src, first = below
+    rank = len(L.shape_of(src))
+    outer = [d for d in range(rank) if d not in first] if len(shape) < rank else list(range(rank))
+    return src, sorted(set(first) | {outer[d] for d in dims})
+
+
+def _reshaped(x, perm, shape, loc, before):
+    """x transposed by ``perm`` (when it moves anything), then reshaped to ``shape`` (data movement)."""
+    from torch_mlir import ir
+    from torch_mlir.dialects import linalg, tensor
+
+    from .common import constant, empty
+    ip = ir.InsertionPoint(before)
+    elem = ir.RankedTensorType(x.type).element_type
+    if perm != sorted(perm):
+        src = L.shape_of(x)
+        t = ir.RankedTensorType.get([src[p] for p in perm], elem)
+        with loc, ip:
+            x = linalg.transpose(x, outs=[empty(t, loc, ip)], permutation=perm)
+    target = constant(np.asarray(shape, np.int64), "i64", loc, ip)
+    return tensor.ReshapeOp(ir.RankedTensorType.get(list(shape), elem), x, target, loc=loc, ip=ip).result
 
 
 def _with_include_pad(m, include_pad: int):
@@ -172,18 +227,22 @@ def _valid_counts(hw, kernel, stride, pad, out_hw) -> np.ndarray:
     return np.outer(rows, cols).astype(np.float64)
 
 
-def _is_hw_sum(op) -> bool:
-    """A linalg.generic summing an NCHW tensor over H and W (torch-mlir's ReduceMean numerator)."""
+def _summed_dims(op) -> list[int] | None:
+    """The summed axes of a linalg.generic adding up one float tensor read as is (torch-mlir's
+    ReduceMean numerator, any axes), else None."""
     if op is None or op.name != "linalg.generic" or len(op.operands) != 2:
-        return False
-    its = [str(a).strip('"').split("<")[-1].rstrip(">") for a in op.attributes["iterator_types"]]
-    its = ["reduction" if "reduction" in t else "parallel" for t in its]
-    if its != ["parallel", "parallel", "reduction", "reduction"] or len(L.shape_of(op.operands[0])) != 4:
-        return False
+        return None
+    its = ["reduction" if "reduction" in str(a) else "parallel" for a in op.attributes["iterator_types"]]
+    dims = [d for d, t in enumerate(its) if t == "reduction"]
+    from torch_mlir import ir
+    identity = ir.AffineMapAttr(op.attributes["indexing_maps"][0]).value == ir.AffineMap.get_identity(len(its))
     body = list(op.regions[0].blocks[0].operations)
     args = list(op.regions[0].blocks[0].arguments)
-    return (len(body) == 2 and body[0].operation.name == "arith.addf"
-            and {hash(v) for v in body[0].operands} == {hash(a) for a in args})
+    if not dims or not identity or len(its) != len(L.shape_of(op.operands[0])):
+        return None
+    ok = (len(body) == 2 and body[0].operation.name == "arith.addf"
+          and {hash(v) for v in body[0].operands} == {hash(a) for a in args})
+    return dims if ok else None
 
 
 class IntMaxPool:

@@ -1,0 +1,226 @@
+"""``make realworld``: the whole workflow on real pretrained models, as a user runs it.
+
+    python benchmarks/realworld.py [--models effnet,onet] [--flags qdq,qdq-pc,qoperator]
+                                   [--eval-limit 100] [--out build/realworld] [--json FILE]
+
+For every model of the corpus (``benchmarks/models/corpus.py``: real weights from registry
+packages) and every flag set (qdq, qdq per-channel, qoperator), the CLI commands a user types:
+
+  torq-gen-config quantize        -> q.onnx
+  torq-compile q.onnx --verify-against-ort
+  torq-gen-config discover --quantize ... --skip-mode
+  torq-gen-config run --quantize ...
+  torq-gen-config evaluate        (models with labelled data: FP32 / INT8 / NSS top-1)
+
+and one table: model x flags: lowered (torq_hl ops, ops left off the NSS), verify, discover's NSS
+share, run, top-1, seconds. Exit 1 unless every row holds: verify PASS with nothing unsupported,
+discover and run exit 0, and no "internal error" in any output.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+FLAGS = {"qdq": [], "qdq-pc": ["--per-channel"], "qoperator": ["--quant-format", "qoperator"]}
+CLI = [sys.executable, "-m", "torq.gen_config.cli"]
+COMPILE = [sys.executable, "-m", "torq.compile_cli"]
+
+
+@dataclass
+class Row:
+    model: str
+    flags: str
+    lowered: int = 0
+    unsupported: int = 0
+    verify: str = "-"
+    nss: int = 0
+    layers: int = 0
+    folded: int = 0
+    discover_rc: int | None = None
+    disagree: list = field(default_factory=list)   # layers discover and the whole-model compile judge apart
+    run: str = "-"
+    top1: str = "-"
+    seconds: float = 0.0
+    errors: list = field(default_factory=list)
+
+    def holds(self) -> bool:
+        return (self.verify == "PASS" and self.unsupported == 0 and self.discover_rc == 0
+                and self.run == "PASS" and not self.errors and not self.disagree)
+
+
+def step(cmd: list, log: Path, timeout: int) -> tuple[int, str]:
+    """Run one CLI command; its output is appended to ``log``; (exit code, stdout + stderr)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]))
+    t0 = time.perf_counter()
+    try:
+        r = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=timeout, env=env)
+        rc, out = r.returncode, r.stdout + r.stderr
+    except subprocess.TimeoutExpired as e:
+        rc, out = -9, f"{e.stdout or ''}{e.stderr or ''}\ntimeout after {timeout} s"
+    with log.open("a") as f:
+        f.write(f"$ {' '.join(str(c) for c in cmd)}\n{out}\n[exit {rc}, {time.perf_counter() - t0:.1f} s]\n\n")
+    return rc, out
+
+
+def _supports(flag: str, command: str) -> bool:
+    r = subprocess.run([*CLI, command, "--help"], capture_output=True, text=True,
+                       env=dict(os.environ, PYTHONPATH=str(ROOT / "src")))
+    return flag in r.stdout
+
+
+def calibration(entry: dict) -> list:
+    """Real calibration images where the corpus has them and the CLI takes them, else synthetic."""
+    if entry.get("calibration") and entry.get("preprocess") and _supports("--preprocess", "quantize"):
+        return ["--calibration-data", entry["calibration"], "--preprocess", entry["preprocess"]]
+    return []
+
+
+def run_row(name: str, entry: dict, flags: str, out: Path, eval_limit: int, timeout: int) -> Row:
+    row, work = Row(name, flags), out / name / flags
+    work.mkdir(parents=True, exist_ok=True)
+    log = work / "log.txt"
+    log.write_text("")
+    model, q = entry["model"], work / "q.onnx"
+    quant = [*FLAGS[flags], *calibration(entry)]
+    t0 = time.perf_counter()
+    outputs = []
+
+    def go(cmd):
+        rc, text = step(cmd, log, timeout)
+        outputs.append(text)
+        return rc, text
+    rc, text = go([*CLI, "quantize", "--model", model, "-o", q, *quant])
+    if rc != 0:
+        row.errors.append(f"quantize: {_last_line(text)}")
+    else:
+        _verify(row, *go([*COMPILE, q, "--verify-against-ort", "-o", work / "q.torq_hl.mlir"]))
+    rc, text = go([*CLI, "discover", "--model", model, "--output-dir", work, "--quantize", *quant, "--skip-mode"])
+    row.discover_rc = rc
+    report = _discovered(row, work, Path(model).stem, text)
+    if report is not None and q.exists():
+        row.disagree = verdicts_differ(report, q)
+    rc, text = go([*CLI, "run", "--model", model, "--output-dir", work, "--quantize", *quant])
+    row.run = "PASS" if rc == 0 and "run: PASS" in text else f"FAIL ({_last_line(text)})"
+    if entry.get("dataset") and eval_limit > 0:
+        rc, text = go([*CLI, "evaluate", "--model", model, "--dataset", entry["dataset"], "--preprocess",
+                       entry["preprocess"], "--limit", eval_limit, "--output-dir", work / "evaluate",
+                       *_calibration_for_eval(entry)])
+        row.top1 = _top1(text) if rc == 0 else f"FAIL ({_last_line(text)})"
+    row.seconds = round(time.perf_counter() - t0, 1)
+    row.errors += [f"internal error: {_last_line(t)}" for t in outputs if "internal error" in t]
+    return row
+
+
+def _calibration_for_eval(entry: dict) -> list:
+    return ["--calibration-data", entry["calibration"]] if entry.get("calibration") else []
+
+
+def _verify(row: Row, rc: int, text: str) -> None:
+    m = re.search(r"lowered to torq_hl: (.*?)(?:\n[A-Z]|\nONNX|\Z)", text, re.S)
+    if m:
+        row.lowered = sum(int(k) for k in re.findall(r"×(\d+)", m.group(1)))
+    row.unsupported = len(re.findall(r"not supported on NSS", text))
+    row.verify = "PASS" if rc == 0 and re.search(r"^PASS", text, re.M) else f"FAIL ({_last_line(text)})"
+
+
+def verdicts_differ(report: dict, q: Path) -> list[str]:
+    """Layers where discover's verdict is not the whole model's: put off the NSS by discover
+    but lowered by the whole-model compile, or the reverse (``-id`` / ``+id``)."""
+    sys.path.insert(0, str(ROOT / "src"))
+    from torq.compiler import compile as compile_model
+    refused = {u.location for u in compile_model(q).report.unsupported if not u.consequence}
+    off, whole = set(), set()
+    for lid, op in report["ops"].items():
+        if str(op.get("skipped", "")).startswith("constant") or op.get("duplicate_of"):
+            continue
+        if op.get("recommended_executor") != "nss":
+            off.add(lid)
+        if op.get("mlir_location") in refused:
+            whole.add(lid)
+    return sorted(f"-{lid}" for lid in off - whole) + sorted(f"+{lid}" for lid in whole - off)
+
+
+def _discovered(row: Row, work: Path, stem: str, text: str) -> dict | None:
+    path = work / f"torq_gen_config_{stem}.json"
+    if not path.exists():
+        row.errors.append(f"discover: {_last_line(text)}")
+        return None
+    report = json.loads(path.read_text())
+    ops = report["ops"]
+    folded = [lid for lid, op in ops.items() if str(op.get("skipped", "")).startswith("constant")]
+    recommended = [op.get("recommended_executor") for lid, op in ops.items() if lid not in folded]
+    row.folded = len(folded)
+    row.layers = len(recommended)
+    row.nss = sum(1 for r in recommended if r == "nss")
+    return report
+
+
+def _top1(text: str) -> str:
+    found = re.findall(r"^\| (?:FP32|INT8)[^|]*\| ([\d.]+) ", text, re.M)
+    return " / ".join(found[:3]) or "see log"
+
+
+def _last_line(text: str) -> str:
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    return (lines[-1] if lines else "")[:160]
+
+
+def table(rows: list[Row]) -> str:
+    head = ("| model | flags | lowered (torq_hl / off NSS) | verify | discover NSS share | discover = compile "
+            "| run | top-1 FP32/INT8/NSS | s |")
+    lines = [head, "|" + "---|" * 9]
+    for r in rows:
+        share = f"{r.nss}/{r.layers} ({100 * r.nss / r.layers:.0f} %)" if r.layers else "-"
+        if r.discover_rc not in (0, None):
+            share += f" rc {r.discover_rc}"
+        agree = "yes" if not r.disagree else f"no: {len(r.disagree)} ({', '.join(r.disagree[:2])}...)"
+        lines.append(f"| {r.model} | {r.flags} | {r.lowered} / {r.unsupported} | {r.verify} | {share} | {agree} "
+                     f"| {r.run} | {r.top1} | {r.seconds:.0f} |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    sys.path.insert(0, str(ROOT / "benchmarks" / "models"))
+    from corpus import DEFAULT_OUT, EXTRA, FROM_BUILD, corpus
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", help=f"comma-separated subset of {','.join(FROM_BUILD + tuple(EXTRA))}")
+    ap.add_argument("--flags", default=",".join(FLAGS), help=f"comma-separated subset of {','.join(FLAGS)}")
+    ap.add_argument("--eval-limit", type=int, default=100, help="images per evaluate run (0: no evaluate)")
+    ap.add_argument("--out", type=Path, default=ROOT / "build" / "realworld")
+    ap.add_argument("--timeout", type=int, default=3600, help="seconds per command (default 3600)")
+    ap.add_argument("--json", type=Path, help="also write the rows as JSON")
+    args = ap.parse_args()
+    flags = [f.strip() for f in args.flags.split(",") if f.strip()]
+    bad = [f for f in flags if f not in FLAGS]
+    if bad:
+        ap.error(f"--flags: unknown {bad[0]!r}; choose from {', '.join(FLAGS)}")
+    manifest = corpus(DEFAULT_OUT, args.models.split(",") if args.models else None)
+    rows = []
+    for name, entry in manifest.items():
+        for f in flags:
+            print(f"[realworld] {time.strftime('%H:%M:%S')} {name} {f} ...", file=sys.stderr, flush=True)
+            rows.append(run_row(name, entry, f, args.out, args.eval_limit, args.timeout))
+            r = rows[-1]
+            print(f"[realworld] {time.strftime('%H:%M:%S')} {name} {f}: verify {r.verify}, run {r.run}, "
+                  f"{r.seconds:.0f} s" + (f", {'; '.join(r.errors)}" if r.errors else ""), file=sys.stderr, flush=True)
+            if args.json:
+                args.json.write_text(json.dumps([asdict(x) for x in rows], indent=1) + "\n")
+    print(table(rows))
+    failed = [r for r in rows if not r.holds()]
+    for r in failed:
+        print(f"does not hold: {r.model} {r.flags}: verify {r.verify}, unsupported {r.unsupported}, discover rc "
+              f"{r.discover_rc}, run {r.run}" + (f", {'; '.join(r.errors)}" if r.errors else "")
+              + (f", discover != compile: {' '.join(r.disagree)}" if r.disagree else ""))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
