@@ -125,7 +125,7 @@ def build_ppocr_cls(path: Path) -> None:
 
 EXTRA = {
     "mobilenetv2": ("mobilenetv2_deepsort.onnx", build_mobilenetv2, "resize=256,crop=224,norm=imagenet"),
-    "onet": ("mtcnn_onet.onnx", build_onet, "resize=48,crop=48,norm=mean=127.5,std=128"),
+    "onet": ("mtcnn_onet.onnx", build_onet, "resize=48,crop=48,mean=127.5,std=128"),
     "ppocr_cls": ("ppocr_cls.onnx", build_ppocr_cls, None),
 }
 

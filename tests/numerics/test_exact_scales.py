@@ -21,14 +21,29 @@ F32 = np.float32
 @settings(max_examples=300, deadline=None)
 @given(st.floats(-3, 0), st.floats(-4, -1), st.floats(-3, 0))
 def test_exact_weight_scale(lxs, lws, lys):
+    """A scale found is within 5 % and makes ORT's requant scale exact. Not every triple has one:
+    the float32 quotient can step over every grid point near ``s`` (e.g. xs=10**-0.5,
+    ws=10**-3.03125, ys=10**-0.99999), and then the channel keeps its scale."""
     xs, ws, ys = F32(10 ** lxs), F32(10 ** lws), F32(10 ** lys)
-    s = float(F32(F32(xs * ws) / ys))
     c = exact_weight_scale(xs, ws, ys)
-    if s < 2e-3:                       # 2**-16 grid steps are > 0.75 % of s: may be out of reach
+    if c is None:
         return
-    assert c is not None
     assert abs(c / ws - 1) <= 0.05
     assert nx.exact_dyadic(F32(F32(xs * c) / ys))
+
+
+def test_exact_weight_scale_is_found_almost_always():
+    """Over a seeded sweep of scales whose grid steps are < 0.75 % of ``s``, at most 1 % of the
+    triples find no exact scale (measured: 1 of 1102)."""
+    rng = np.random.default_rng(0)
+    found = total = 0
+    for lxs, lws, lys in rng.uniform((-3, -4, -3), (0, -1, 0), (2000, 3)):
+        xs, ws, ys = F32(10 ** lxs), F32(10 ** lws), F32(10 ** lys)
+        if float(F32(F32(xs * ws) / ys)) < 2e-3:     # 2**-16 steps > 0.75 % of s: may be out of reach
+            continue
+        total += 1
+        found += exact_weight_scale(xs, ws, ys) is not None
+    assert total > 1000 and found >= 0.99 * total
 
 
 @settings(max_examples=200, deadline=None)
