@@ -16,6 +16,7 @@ import torq
 from torq import numerics, zoo
 from torq.evaluate.engines import MAX_SUB_BATCH, NssEngine, OrtEngine, split_batch, with_batch
 from torq.runtime.kernels import blas
+from torq.runtime.nss import Simulator
 
 
 @pytest.fixture(scope="module")
@@ -83,8 +84,9 @@ def test_a_fixed_batch_model_is_compiled_for_its_own_batch(fixed1):
 def test_run_many_threads_really_run_the_calls(compiled2, monkeypatch):
     """The calls run in the pool's threads, and a fault injected into a compiled rescale loop in
     those threads only is seen: outputs differ from the clean sequential runs, and the per-op
-    check of such a run reports the op that executed something other than its formula."""
-    sim = compiled2.simulator
+    check of such a run reports the op that executed something other than its formula (the
+    reference engine: the fault goes into its compiled rescale loop)."""
+    sim = Simulator(compiled2.program, "reference")
     calls = [[x] for x in _images(8, seed=3).reshape(4, 2, 3, 32, 32)]
     clean = [sim.run(c)[0] for c in calls]
     orig, seen = numerics.native.act_loop, set()

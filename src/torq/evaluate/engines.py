@@ -98,9 +98,9 @@ class NssEngine:
     sub-batch size; a short sub-batch is padded with zeros like a short batch."""
 
     def __init__(self, qmodel: onnx.ModelProto, batch: int, rounding: str = "native",
-                 threads: int | None = None):
+                 threads: int | None = None, engine: str | None = None):
         from ..compiled import compile as torq_compile
-        from ..runtime.nss import usable_cores
+        from ..runtime.nss import Simulator, usable_cores
         self.batch, self.rounding = batch, rounding
         self.threads, self.sub = split_batch(batch, threads or usable_cores())
         fixed = fixed_batch(qmodel)
@@ -109,6 +109,7 @@ class NssEngine:
         self.compiled = torq_compile(with_batch(qmodel, self.sub), name="evaluate")
         if self.compiled.report.unsupported:
             raise TorqError(str(self.compiled.report.unsupported[0]))
+        self.simulator = Simulator(self.compiled.program, engine)
         self.input = self.compiled.input_names[0]
         self.output = self.compiled.output_names[0]
         self._warm_up()
@@ -116,7 +117,8 @@ class NssEngine:
     def _warm_up(self) -> None:
         """One zero sub-batch: the simulator's compiled loops are built now, not during timing."""
         port = self.compiled.program.inputs[0]
-        self.compiled.run({self.input: np.zeros(port.shape, port.onnx_dtype)}, rounding=self.rounding)
+        self.simulator.run(self.compiled.program.feed({self.input: np.zeros(port.shape, port.onnx_dtype)}),
+                           self.rounding)
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         program = self.compiled.program
@@ -128,5 +130,5 @@ class NssEngine:
                 chunk = np.concatenate([chunk, np.zeros((self.sub - n, *chunk.shape[1:]), chunk.dtype)])
             calls.append(program.feed({self.input: chunk}))
             sizes.append(n)
-        outs = self.compiled.simulator.run_many(calls, self.rounding, self.threads)
+        outs = self.simulator.run_many(calls, self.rounding, self.threads)
         return np.concatenate([program.fetch(out)[self.output][:n] for out, n in zip(outs, sizes)])

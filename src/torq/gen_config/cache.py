@@ -83,14 +83,14 @@ class ResultCache:
         h.update(model_bytes)
         return h.hexdigest()
 
-    def _path(self, key: str, executor: str) -> Path:
+    def path(self, key: str, executor: str) -> Path:
         return self.root / "results" / key[:2] / f"{key}.{executor}.json"
 
     def get(self, key: str, executor: str, tol: dict | None = None) -> dict | None:
         """The cached result, if there is a valid one (made with ``tol`` when given)."""
         if self.recompute:
             return None
-        result = read_sealed(self._path(key, executor), "torq-result", f"{key}.{executor}")
+        result = read_sealed(self.path(key, executor), "torq-result", f"{key}.{executor}")
         if result is None or result_problem(result, strict=True) or not cacheable(result):
             return None
         if tol is not None and result.get("tolerance_used") != tol:
@@ -100,4 +100,4 @@ class ResultCache:
 
     def put(self, key: str, executor: str, result: dict) -> None:
         if cacheable(result) and result_problem(result, strict=True) is None:
-            write_sealed(self._path(key, executor), "torq-result", f"{key}.{executor}", result)
+            write_sealed(self.path(key, executor), "torq-result", f"{key}.{executor}", result)

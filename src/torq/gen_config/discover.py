@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -22,7 +23,7 @@ from . import layer_test, mapping, schema, store
 from .cache import ResultCache
 from .executors import EXECUTOR_ORDER
 from .options import (QuantSettings, add_common_args, cache_dir, check_output_dir, parse_executors,
-                      note_inert_flags, quant_settings, resolve_model)
+                      note_inert_flags, quant_settings, resolve_model, use_engine)
 
 
 SAVE_EVERY_S = 1.0
@@ -48,6 +49,7 @@ class DiscoverOptions:
     jobs: int = 1
     fresh: bool = False
     save_bf16_model: str | None = None
+    ray: object = None          # --ray: True (local instance) or a cluster address
 
 
 @dataclass
@@ -257,8 +259,12 @@ def _layer_calibration(opts: DiscoverOptions, layers) -> dict:
 
 @contextlib.contextmanager
 def _results(opts: DiscoverOptions, work: list):
-    """Results of ``_test_executors`` in order: in process, or from ``--jobs`` worker processes
-    (a worker that dies is noticed: its layer is retried once, then named in a one-line error)."""
+    """Results of ``_test_executors`` in order: in process, from ``--jobs`` worker processes
+    (a worker that dies is noticed: its layer is retried once, then named in a one-line error),
+    or from Ray tasks (``--ray``)."""
+    if opts.ray:
+        yield _ray_results(opts, work)
+        return
     jobs = cap_jobs(opts.jobs, len(work))
     if jobs <= 1 or len(work) < 2:
         yield map(_work, work)
@@ -269,6 +275,29 @@ def _results(opts: DiscoverOptions, work: list):
 
 def _work(args):
     return _test_executors(*args)
+
+
+def _ray_work(cache_root: str, engine: str | None, *args):
+    """One layer's test in a Ray worker, against the driver's cache folder (the same one on this
+    machine or a shared file system; elsewhere a folder of that name)."""
+    os.environ["TORQ_GEN_CONFIG_CACHE_DIR"] = cache_root
+    if engine:
+        os.environ["TORQ_ENGINE"] = engine
+    return _test_executors(*args)
+
+
+def _ray_results(opts: DiscoverOptions, work: list):
+    """Layer results from Ray tasks, in order; each is also written to this process's cache (the
+    shared truth: a rerun, local or distributed, finds it)."""
+    from .. import cluster
+    cache = ResultCache(cache_dir(), False)
+    args = [(str(cache_dir()), os.environ.get("TORQ_ENGINE"), *w) for w in work]
+    for w, (results, computed, hits) in zip(work, cluster.ordered(_ray_work, args, opts.ray)):
+        key = _layer_key(cache, *w)
+        for ex, r in results.items():
+            if not cache.path(key, ex).exists():
+                cache.put(key, ex, r)
+        yield results, computed, hits
 
 
 def _start_report(path: Path, stem: str, opts: DiscoverOptions) -> dict:
@@ -359,9 +388,7 @@ def _test_executors(opts: DiscoverOptions, layer, tol: dict, calib=None, qkey=No
     Cache key: the layer's bytes + ``qkey`` (quantization flags and calibration data hash) + the
     rest of the flags that change a result."""
     cache = ResultCache(cache_dir(), opts.recompute_cache)
-    flags = {"quant": qkey, "tol": tol,
-             "timing_runs": opts.timing_runs, "rounding": opts.rounding, "seed": layer_test.SEED}
-    key = cache.key(layer.model.SerializeToString(), flags)
+    key = _layer_key(cache, opts, layer, tol, calib, qkey)
     prepared, results = None, {}
     for ex in [e for e in EXECUTOR_ORDER if e not in opts.skip_executors]:
         r = cache.get(key, ex, tol)
@@ -379,6 +406,12 @@ def _test_executors(opts: DiscoverOptions, layer, tol: dict, calib=None, qkey=No
         prepared = prepared or layer_test.prepare(layer.model, opts.quant, None, "layer", calib)
         layer_test.write_repro(Path(opts.repro_dir), layer.id, prepared, results, opts.argv)
     return results, int(prepared is not None), cache.hits
+
+
+def _layer_key(cache: ResultCache, opts: DiscoverOptions, layer, tol: dict, calib=None, qkey=None) -> str:
+    flags = {"quant": qkey, "tol": tol,
+             "timing_runs": opts.timing_runs, "rounding": opts.rounding, "seed": layer_test.SEED}
+    return cache.key(layer.model.SerializeToString(), flags)
 
 
 # ----------------------------------------------------------------------------- CLI
@@ -421,6 +454,9 @@ def register(sub) -> None:
 def options_from_args(args) -> DiscoverOptions:
     if args.jobs < 1:
         raise TorqError(f"--jobs must be at least 1 (got {args.jobs})")
+    if args.ray and args.jobs > 1:
+        raise TorqError("--ray and --jobs exclude each other (Ray workers are the jobs)")
+    use_engine(args.engine)
     if args.timing_runs < 1:
         raise TorqError(f"--timing-runs must be at least 1 (got {args.timing_runs})")
     model = resolve_model(args.model)
@@ -437,7 +473,7 @@ def options_from_args(args) -> DiscoverOptions:
         recommend_by_timing=args.recommend_by_timing, subgraph=(args.subgraph_from, args.subgraph_to),
         recompute_cache=args.recompute_cache, debug_ir=args.debug_ir, repro_dir=args.repro_dir,
         rounding=args.rounding, argv=getattr(args, "argv", sys.argv[1:]), jobs=args.jobs, fresh=args.fresh,
-        save_bf16_model=args.save_bf16_model)
+        save_bf16_model=args.save_bf16_model, ray=args.ray)
 
 
 def cmd_discover(args) -> int:

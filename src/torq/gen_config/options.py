@@ -65,6 +65,11 @@ def add_common_args(p, debug_ir_default=None) -> None:
                    help="write the IR of every stage of every compiled layer/segment to DIR (default 'tmp')")
     p.add_argument("--rounding", default="native", choices=("native", "ort"),
                    help="NSS rounding: native (the NPU's) or ort (ONNX Runtime's, bit-exact)")
+    p.add_argument("--engine", choices=("native", "reference"), default=None,
+                   help="NSS simulator engine: native (compiled int8 kernels, the default) or reference "
+                        "(numpy); results are identical")
+    p.add_argument("--ray", nargs="?", const=True, default=None, metavar="ADDRESS",
+                   help="work as Ray tasks: a local instance, or the cluster at ADDRESS (docs/ray.md)")
     p.add_argument("--log-file", metavar="PATH", help="also write everything printed to PATH (plain text)")
     r = p.add_argument_group("reference-tool options without effect here (accepted so its scripts run; a note says so)")
     r.add_argument("--torq-hw", metavar="NAME", help="hardware config of the reference's simulator")
@@ -156,3 +161,9 @@ def check_output_dir(out: Path) -> None:
         raise TorqError(f"--output-dir {out}: cannot create: {e.strerror}") from None
     if not os.access(out, os.W_OK):
         raise TorqError(f"--output-dir {out}: not writable")
+
+
+def use_engine(engine: str | None) -> None:
+    """--engine: the NSS engine of this process and of every worker it starts (TORQ_ENGINE)."""
+    if engine:
+        os.environ["TORQ_ENGINE"] = engine

@@ -8,6 +8,7 @@ Out of tolerance, it names the first layer whose output diverges.
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,8 +20,9 @@ from ..graph.inputs import random_inputs
 from . import executors as X
 from . import mapping, partition, schema, store
 from .discover import model_and_layers
+from ..graph import extract_segment
 from .compare import BF16_RUN_TOL_FRAC, float_metrics
-from .options import QuantSettings, add_common_args, cache_dir, quant_settings
+from .options import QuantSettings, add_common_args, cache_dir, quant_settings, use_engine
 
 DEFAULT_TOL_LSB = 5
 
@@ -37,6 +39,7 @@ class RunOptions:
     seed: int = 0
     recompute_cache: bool = False
     tolerance_frac: float = BF16_RUN_TOL_FRAC
+    ray: object = None          # --ray: compile the segments as Ray tasks first
 
 
 _SHOW = {True: "on", False: "off", None: "none"}
@@ -165,6 +168,44 @@ def execute(c, segs, inputs: dict, opts: RunOptions, stem: str, log=None) -> tup
         if log:
             log(i + 1, len(segs), f"segment {i} on {seg.executor}")
     return tensors, timings
+
+
+def precompile(c, segs, opts: RunOptions, log=None) -> None:
+    """``--ray``: compile every segment (NSS program / IREE module) as a Ray task, side by side,
+    and put what each task built into this process's cache, where ``execute`` then finds it."""
+    from .. import cluster
+    from ..fileio import atomic_write_bytes
+    graph_outputs = {o.name for o in c.graph.output}
+    work = [(str(cache_dir()), os.environ.get("TORQ_ENGINE"),
+             _drop_dq_outputs(extract_segment(c, seg.nodes), graph_outputs).SerializeToString(), seg.executor, opts)
+            for seg in segs]
+    root = cache_dir()
+    for i, files in enumerate(cluster.ordered(compile_segment, work, opts.ray)):
+        for rel, data in files:
+            if not (root / rel).exists():
+                atomic_write_bytes(root / rel, data)
+        if log:
+            log(i + 1, len(segs), f"compiled segment {i} ({segs[i].executor})")
+
+
+def compile_segment(cache_root: str, engine, model_bytes: bytes, executor: str, opts: RunOptions) -> list:
+    """A Ray task: build one segment's runnable against ``cache_root``; [(cache-relative path,
+    bytes)] of the artifact it compiled ([] when it does not compile: ``execute`` reports that)."""
+    import onnx
+    from .executors import iree, nss
+    os.environ["TORQ_GEN_CONFIG_CACHE_DIR"] = cache_root
+    if engine:
+        os.environ["TORQ_ENGINE"] = engine
+    model = onnx.load_from_string(model_bytes)
+    try:
+        segment_runnable(model, executor, opts)
+        if executor == "nss":
+            path = nss.program_path(model, cache_dir())
+        else:
+            path = iree.vmfb_path(X.frontend(model).ir("linalg"), iree.BACKENDS[executor], cache_dir())
+        return [(str(path.relative_to(cache_dir())), path.read_bytes())]
+    except (X.ExecutorError, OSError, TorqError):
+        return []
 
 
 def segment_runnable(model, executor: str, opts: RunOptions, name: str | None = None):
@@ -301,6 +342,8 @@ def _run(opts: RunOptions, layers, q, src: MapSource, log) -> tuple[dict, Path]:
     bf16 = opts.quant.auto_convert_bf16
     ref_model = fp32_model(opts) if bf16 else q   # bf16: compared with the fp32 model itself
     inputs = random_inputs(ref_model, opts.seed)
+    if opts.ray:
+        precompile(c, segs, opts, log)
     t0 = time.perf_counter()
     tensors, timings = execute(c, segs, inputs, opts, opts.model.stem, log)
     wall = time.perf_counter() - t0
@@ -366,9 +409,10 @@ def cmd_run(args) -> int:
         raise TorqError(f"--tolerance-lsb must be non-negative (got {args.tolerance_lsb})")
     if not 0 <= args.tolerance_frac <= 1:
         raise TorqError(f"--tolerance-frac must be in [0, 1] (got {args.tolerance_frac})")
+    use_engine(args.engine)
     opts = RunOptions(model, Path(args.output_dir), quant_settings(args), (args.subgraph_from, args.subgraph_to),
                       args.debug_ir, args.rounding, args.tolerance_lsb, args.seed, args.recompute_cache,
-                      args.tolerance_frac)
+                      args.tolerance_frac, args.ray)
     with layer_progress("run", "segments") as bar:
         report, path = run_full(opts, bar)
     if "quantization" not in report:

@@ -23,8 +23,11 @@ from ..errors import TorqError, one_line
 from ..isa import element_type_name
 from ..program import Program, Step, np_dtype
 from .kernels.blas import single_thread_run
+from . import native
 from .movement import DATA_MOVEMENT
 from .float_ops import FLOAT_OPS, is_float_step
+from .native import ops as native_ops
+from .native import ENGINES
 from .ops import OPS
 
 ROUNDING_MODES = ("native", "ort")
@@ -39,24 +42,42 @@ class _Kernel:
 
 
 class Simulator:
-    """A Program bound to numpy kernels once (weight plans, tables cached); `run` executes it."""
+    """A Program bound to kernels once (weight plans, tables cached); `run` executes it.
 
-    def __init__(self, program: Program):
+    ``engine``: "native" (the default, ``$TORQ_ENGINE`` overrides it) runs the int8 convolutions
+    and fully connected layers as compiled native code (``runtime.native``) and every other op on
+    the reference kernels; "reference" runs every op on the numpy reference kernels. Both give
+    identical results. Without a C compiler the native engine is the reference one (``engine``
+    then says "reference", ``native.why()`` why)."""
+
+    def __init__(self, program: Program, engine: str | None = None):
+        engine = engine or os.environ.get("TORQ_ENGINE") or "native"
+        if engine not in ENGINES:
+            raise TorqError(f"--engine must be one of {', '.join(ENGINES)}, not {engine!r}")
+        if engine == "native" and native.library() is None:
+            engine = "reference"
         self.program = program
+        self.engine = engine
         self.kernels = []
         for st in program.steps:
             with _from_file(program, st):
-                self.kernels.append(self._bind(st))
+                self.kernels.append(self._bind(st, engine))
         self._pool: ThreadPoolExecutor | None = None
+
+    @property
+    def native_steps(self) -> int:
+        """Steps bound to a native kernel (the rest run on the reference kernels)."""
+        return sum(bool(getattr(k.fn, "native", False)) for k in self.kernels)
 
     def __getstate__(self):
         """Picklable / copyable: the thread pool of ``run_many`` is not carried along."""
         return {**self.__dict__, "_pool": None}
 
     @staticmethod
-    def _bind(st: Step) -> _Kernel:
+    def _bind(st: Step, engine: str = "reference") -> _Kernel:
         rtype = np_dtype(st.dtype)
-        if is_float_step(st):
+        float_step = is_float_step(st)
+        if float_step:
             make = FLOAT_OPS[st.op[8:]]
         elif st.op.startswith("torq_hl."):
             make = OPS.get(st.op[8:])
@@ -65,9 +86,12 @@ class Simulator:
         if make is None:
             raise TorqError(f"not supported on NSS: {st.op} at {st.location}: no simulator kernel")
         fn = make(st, rtype)
+        if engine == "native" and not float_step:      # bf16 / float ops: reference kernels
+            fn = native_ops.make(st, rtype, fn) or fn
         return _Kernel(fn, st, rtype, getattr(fn, "check", None))
 
-    def run(self, inputs: list[np.ndarray], rounding: str = "native", explain: bool = False):
+    def run(self, inputs: list[np.ndarray], rounding: str = "native", explain: bool = False,
+            threads: int | None = None):
         """Execute; with explain=True also return the per-op check of every rescaling op: the output
         it executed against the plain formula of the mode, and native vs ORT rounding on the very
         same inputs ([OpDiff]). Checks cost a second evaluation of each rescaling op."""
@@ -82,6 +106,7 @@ class Simulator:
         for s, v in p.constants.items():
             env[s] = v
         diffs = []
+        native_ops.set_threads(threads or usable_cores())
         with single_thread_run():        # small GEMMs on one BLAS thread, switched once per run
             for k in self.kernels:
                 st = k.step
@@ -92,7 +117,8 @@ class Simulator:
                 env[st.out] = out
                 if explain and k.check is not None:
                     diffs.append(OpDiff(st.op, st.location, rounding, *k.check(args, out, rounding)))
-        outs = [np.asarray(env[o.slot]).astype(np_dtype(o.dtype), copy=False) for o in p.outputs]
+        # copies: a native step's output buffer is reused by the next run (runtime.native.ops)
+        outs = [np.array(env[o.slot], dtype=np_dtype(o.dtype), copy=True) for o in p.outputs]
         return (outs, diffs) if explain else outs
 
     def run_many(self, calls: list[list[np.ndarray]], rounding: str = "native",
@@ -103,15 +129,16 @@ class Simulator:
         How one process uses several cores: the heavy parts of a run (BLAS GEMMs, compiled
         loops, large numpy passes) release the GIL, BLAS stays on one thread per call, and
         each call is independent, so the results are exactly the sequential ones."""
-        threads = min(len(calls), threads or usable_cores())
-        if threads <= 1:
-            return [self.run(inputs, rounding, explain) for inputs in calls]
+        requested = threads or usable_cores()
+        threads = min(len(calls), requested)
+        if threads <= 1:        # one call at a time: its native kernels get the cores
+            return [self.run(inputs, rounding, explain, requested) for inputs in calls]
         if self._pool is None or self._pool._max_workers != threads:
             if self._pool is not None:
                 self._pool.shutdown(wait=False)
             self._pool = ThreadPoolExecutor(threads, thread_name_prefix="torq-nss")
         with single_thread_run(pinned=True):      # no BLAS switch while calls run side by side
-            futures = [self._pool.submit(self.run, inputs, rounding, explain) for inputs in calls]
+            futures = [self._pool.submit(self.run, inputs, rounding, explain, 1) for inputs in calls]
             return [f.result() for f in futures]
 
 

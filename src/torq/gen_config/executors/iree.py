@@ -35,13 +35,22 @@ def _compiler_version() -> str:
 _SEAL = b"torq-vmfb-sha256:"
 
 
+def _key(linalg_text: str, backend: str) -> str:
+    return hashlib.sha256(f"{_compiler_version()}|{backend}|".encode() + linalg_text.encode()).hexdigest()
+
+
+def vmfb_path(linalg_text: str, backend: str, cache_dir: str | Path) -> Path:
+    """Where ``compile_vmfb`` caches the module of ``linalg_text`` for ``backend``."""
+    return Path(cache_dir) / "iree" / f"{_key(linalg_text, backend)}.vmfb"
+
+
 def compile_vmfb(linalg_text: str, backend: str, cache_dir: str | Path | None = None) -> bytes:
     """linalg MLIR text -> IREE flatbuffer for ``backend`` (vmvx | llvm-cpu), cached by content.
 
     A cached module carries the sha256 of its key and bytes (a trailer); a damaged or misplaced
     one is recompiled and rewritten, and a cache we cannot write only costs speed."""
-    key = hashlib.sha256(f"{_compiler_version()}|{backend}|".encode() + linalg_text.encode()).hexdigest()
-    path = Path(cache_dir) / "iree" / f"{key}.vmfb" if cache_dir else None
+    key = _key(linalg_text, backend)
+    path = vmfb_path(linalg_text, backend, cache_dir) if cache_dir else None
     cached = _read_sealed(path, key) if path is not None else None
     if cached is not None:
         return cached
