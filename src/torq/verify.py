@@ -7,6 +7,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
+from . import numerics
 from .runtime import compare, reference
 from .runtime.nss import Simulator
 
@@ -18,31 +21,58 @@ class VerifyResult:
     lowered: dict = field(default_factory=dict)
     modes: tuple = ()
     ort_kernels: dict = field(default_factory=dict)   # what ORT ran (its optimized graph)
+    float_steps: int = 0                               # int16 ops ORT runs in float (numerics.int16)
 
     @property
     def ok(self) -> bool:
         """ort outputs bit-exact, and every rescaling op of every run executed its mode's formula
-        exactly and differs from ORT's rounding by at most 1 LSB, for an explained reason."""
-        ort_exact = all(o.exact for o in self.outputs if o.mode == "ort")
+        exactly and differs from ORT's rounding by at most 1 LSB, for an explained reason.
+
+        With int16 activations (``float_steps``) ORT accumulates in float32, which no integer
+        machine reproduces bit for bit: the whole-model ort outputs are then reported, not
+        required equal, and each op is held to the bounded contract of ``numerics.int16``."""
+        ort_exact = self.float_steps > 0 or all(o.exact for o in self.outputs if o.mode == "ort")
         return ort_exact and all(od.explained for od in self.op_diffs)
 
 
 def verify(compiled, seed: int = 0, modes=("native", "ort"), inputs=None) -> VerifyResult:
     """Run NSS (each rounding mode) and ORT on the same random inputs and compare, whole model
-    and op by op (the per-op checks judge the outputs the simulator executed)."""
+    and op by op (the per-op checks judge the outputs the simulator executed; an op writing a
+    graph output is judged against ORT's own output there)."""
     inputs = inputs if inputs is not None else reference.random_inputs(compiled.model, seed)
     ref = reference.run(compiled.model, inputs)
-    res = VerifyResult(lowered=dict(compiled.report.lowered), modes=tuple(modes),
-                       ort_kernels=reference.kernels(compiled.model))
     program = compiled.program
+    res = VerifyResult(lowered=dict(compiled.report.lowered), modes=tuple(modes),
+                       ort_kernels=reference.kernels(compiled.model), float_steps=len(float_steps(program)))
     sim = getattr(compiled, "simulator", None) or Simulator(program)
     feed = program.feed(inputs)
+    ort_at = {p.slot: numerics.uint8_to_int8(ref[p.name]) if p.uint8 else ref[p.name]
+              for p in program.outputs if p.name in ref and np.issubdtype(np.asarray(ref[p.name]).dtype, np.integer)}
     for mode in modes:
-        outs, diffs = sim.run(feed, mode, explain=True)
+        outs, diffs = sim.run(feed, mode, explain=True, ort_at=ort_at)
         res.op_diffs += diffs
         for name, o in program.fetch(outs).items():
             res.outputs.append(compare.output_diff(name, mode, o, ref[name]))
     return res
+
+
+_ACCUMULATING = ("torq_hl.conv2d", "torq_hl.depthwise_conv2d", "torq_hl.fully_connected", "torq_hl.avg_pool2d",
+                 "torq_hl.add", "torq_hl.matmul")
+
+
+def float_steps(program) -> list:
+    """The program's rescaling steps that ORT runs in float32: int16 activations in or out
+    (ORT has no 16-bit integer kernels; ``numerics.int16``)."""
+    from .numerics import int16_involved
+    dtypes = {p.slot: p.dtype for p in program.inputs}
+    dtypes.update({s: str(np.asarray(v).dtype) for s, v in program.constants.items()})
+    found = []
+    for st in program.steps:
+        ins = [dtypes.get(a, "") for a in st.args]
+        if st.op in _ACCUMULATING and int16_involved(st.dtype, *ins):
+            found.append(st)
+        dtypes[st.out] = st.dtype
+    return found
 
 
 def print_report(res: VerifyResult, console=None) -> None:
@@ -53,7 +83,11 @@ def print_report(res: VerifyResult, console=None) -> None:
     ran = {k: v for k, v in res.ort_kernels.items() if k not in ("Transpose", "Reshape", "Flatten")}
     console.print("ONNX Runtime ran: " + ", ".join(f"{k}×{v}" for k, v in sorted(ran.items())))
     unfused = [k for k in reference.FLOAT_COMPUTE if k in res.ort_kernels]
-    if unfused:
+    if res.float_steps:
+        console.print(f"[yellow]note[/]: {res.float_steps} ops have int16 activations, which ORT runs in float32: "
+                      "its outputs there are a float rounding of the exact value, matched within the bound of "
+                      "docs/a16w8.md op by op (causes 'float'), not bit for bit")
+    elif unfused:
         console.print(f"[yellow]note[/]: ORT ran {', '.join(unfused)} in float (not fused into its integer "
                       "kernels): its output is not integer-exact, ±1 LSB near ties is expected there")
     t = Table(title="NSS simulator vs ONNX Runtime (whole model, random inputs)")
@@ -78,7 +112,9 @@ def _print_op_checks(console, mode: str, ods: list) -> None:
     console.print(f"{mode} run, op by op: {len(ods)} rescaling ops checked, {wrong} executed something other "
                   f"than their formula; native vs ort rounding on this run's inputs: "
                   f"{sum(1 for od in ods if od.differ)} ops differ; causes: tie (NTP vs RNE) {causes['tie']}, "
-                  f"near-tie (multiplier quantisation) {causes['near-tie']}, other {causes['other']}")
+                  f"near-tie (multiplier quantisation) {causes['near-tie']}, "
+                  + (f"int16 float bound {causes['float']}, int32 overflow {causes['overflow']}, "
+                     if causes["float"] or causes["overflow"] else "") + f"other {causes['other']}")
     for od in differing:
         extra = f", [red]{od.mismatches} outputs differ from the {mode} formula[/]" if od.mismatches else ""
         console.print(f"  {od.op} at {od.location}: {od.differ}/{od.size} differ, max {od.max_lsb} LSB"

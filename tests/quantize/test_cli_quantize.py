@@ -125,7 +125,7 @@ def test_bad_models_give_one_line_errors(tmp_path, kind, expect):
 
 @pytest.mark.parametrize("args, expect", [
     (["--quant-format", "int4"], "supported values are qdq, qoperator, hybrid"),
-    (["--quant-dtype", "A16W16"], "supported values are A8W8"),
+    (["--quant-dtype", "A16W16"], "supported values are A8W8, A16W8"),
     (["--calibrate-method", "mse"], "supported values are minmax, entropy, percentile"),
     (["--num-calib", "zero"], "argument --num-calib: invalid int value"),
     (["--calibration-data", "nope.npz"], "calibration data not found"),

@@ -13,12 +13,13 @@ import numpy as np
 
 from . import linalg_view as L
 from . import recognise as R
-from .patterns import conv, data_movement, elementwise, fully_connected, matmul, movement_chain, pooling, table
+from .patterns import (conv, data_movement, elementwise, fully_connected, matmul, movement_chain, pooling,
+                       requantize, table)
 from .patterns.common import Ctx, Fail, constant
 from .patterns.quant_fallback import DequantizeFallback, QuantizeFallback
 
 RULES = [*conv.RULES, *fully_connected.RULES, *matmul.RULES, *elementwise.RULES, *pooling.RULES,
-         *data_movement.RULES, *movement_chain.RULES, *table.RULES]
+         *data_movement.RULES, *movement_chain.RULES, *table.RULES, *requantize.RULES]
 # Rules rooted at an integer compute op rather than a quantize (ops ORT already runs on int8).
 OP_RULES = [*pooling.OP_RULES]
 

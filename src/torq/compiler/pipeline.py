@@ -22,6 +22,7 @@ from ..graph.load import load_model
 from ..graph.shapes import fold_shape_arithmetic, slice_constant_gathers
 from ..graph.specialise import specialise_dynamic_dims
 from ..graph.validate import validate
+from ..graph.wide_weights import per_axis_int16_weights
 from ..program import Program
 from ..quantize.full_integer import io_quant_params
 from . import importer, lowering, torq_hl
@@ -79,7 +80,7 @@ def import_graph(model: onnx.ModelProto) -> onnx.ModelProto:
     """The ONNX graph whose k-th non-Constant node is the k-th imported torch.operator: batch 1
     (graph/specialise.py), contrib ops in standard form, shape arithmetic folded and constant-index
     Gathers as slices (graph/shapes.py). `gen_config run` partitions this same graph."""
-    model = canonicalize(specialise_dynamic_dims(model))
+    model = per_axis_int16_weights(canonicalize(specialise_dynamic_dims(model)))
     return slice_constant_gathers(fold_shape_arithmetic(model))
 
 

@@ -90,8 +90,9 @@ def _add_quantize(sub) -> None:
                         "BatchNormalization, a pool head, ...) get Q/DQ with their calibrated ranges, so "
                         "the model is fully int8; hybrid: qoperator if every compute op has a compact "
                         "QLinear form (Conv, Add, Mul, MatMul, pools, activations), else qdq")
-    q.add_argument("--quant-dtype", default="A8W8", metavar="A8W8",
-                   help="activation/weight types; only A8W8 (int8/int8) is supported")
+    q.add_argument("--quant-dtype", default="A8W8", metavar="{A8W8,A16W8}",
+                   help="activation/weight types: A8W8 (int8/int8, default) or A16W8 (int16 activations, "
+                        "int8 weights: the NPU's int16 path, QDQ only; docs/a16w8.md)")
     q.add_argument("--calibrate-method", default="minmax", metavar="{minmax,entropy,percentile}",
                    help="how activation ranges are chosen from calibration data (default minmax)")
     q.add_argument("--num-calib", type=int, default=20, metavar="N",

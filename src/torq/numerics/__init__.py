@@ -16,14 +16,16 @@ torq). One module per concern:
            starts from), requantisation, QLinearAdd / Mul / pools, Quantize/DequantizeLinear
   bf16     the NPU's bf16 Quantize/Dequantize fallback, step by step
   explain  why a native result differs from ORT's (tie / near-tie / other), in exact rationals
+  int16    int16 activations x int8 weights: the NPU's byte planes, ORT's float path, their contract
   loops    numba-compiled per-element loops and the layout plumbing they need
 """
 from __future__ import annotations
 
-from . import bf16, explain, loops, native, ort
+from . import bf16, explain, int16, loops, native, ort
 from .bf16 import *  # noqa: F401,F403
 from .explain import *  # noqa: F401,F403
+from .int16 import *  # noqa: F401,F403
 from .native import *  # noqa: F401,F403
 from .ort import *  # noqa: F401,F403
 
-__all__ = [*native.__all__, *ort.__all__, *bf16.__all__, *explain.__all__]
+__all__ = [*native.__all__, *ort.__all__, *bf16.__all__, *explain.__all__, *int16.__all__]

@@ -1,8 +1,9 @@
 """Static int8 quantization: a thin, strict wrapper over ``onnxruntime.quantization.quantize_static``.
 
 Choices (and why):
-  * A8W8 only: signed int8 activations and weights, what the NPU computes. ORT's own
-    defaults then give symmetric weights (zp 0) and asymmetric activations.
+  * A8W8: signed int8 activations and weights, what the NPU computes. ORT's own defaults then
+    give symmetric weights (zp 0) and asymmetric activations. A16W8: int16 activations (ORT's
+    QInt16, QDQ only, opset 21), int8 weights: the NPU's int16 path (docs/a16w8.md).
   * ``ForceQuantizeNoInputCheck``: True for QDQ, False for QOperator. In QDQ, without it ORT
     leaves "latent" ops (MaxPool, Reshape, Transpose, ...) in float whenever their input is not
     already quantized -- e.g. a MaxPool right after a graph input, or any single-op layer
@@ -45,7 +46,8 @@ from .calibration import make_reader
 from .full_integer import convert_to_full_integer
 
 QUANT_FORMATS = ("qdq", "qoperator", "hybrid")
-QUANT_DTYPES = {"A8W8": (QuantType.QInt8, QuantType.QInt8)}  # (activation, weight)
+QUANT_DTYPES = {"A8W8": (QuantType.QInt8, QuantType.QInt8),    # (activation, weight)
+                "A16W8": (QuantType.QInt16, QuantType.QInt8)}
 CALIBRATE_METHODS = {
     "minmax": CalibrationMethod.MinMax,
     "entropy": CalibrationMethod.Entropy,
@@ -70,7 +72,7 @@ def parse_quant_format(value: str) -> str:
 
 
 def parse_quant_dtype(value: str) -> tuple[QuantType, QuantType]:
-    """``--quant-dtype`` -> (activation type, weight type); only A8W8 (case-insensitive)."""
+    """``--quant-dtype`` -> (activation type, weight type): A8W8 or A16W8 (case-insensitive)."""
     v = str(value).strip().upper()
     if v not in QUANT_DTYPES:
         raise TorqError(f"unsupported --quant-dtype '{value}': supported values are "
@@ -213,6 +215,11 @@ def quantize(model: str | os.PathLike | onnx.ModelProto, output: str | os.PathLi
         raise TorqError(f"{where}: model is already quantized (it has QuantizeLinear/DequantizeLinear, "
                         "QLinear* ops or int8 weights/IO); pass the fp32 model")
     fmt = resolve_format(src, quant_format)
+    if activation_type == QuantType.QInt16:
+        if parse_quant_format(quant_format) == "qoperator":
+            raise TorqError(f"--quant-dtype {quant_dtype.upper()} needs --quant-format qdq: ONNX Runtime "
+                            "quantizes 16-bit activations in QDQ form only")
+        fmt = QuantFormat.QDQ
     reader = make_reader(src, calibration_data_reader=calibration_data_reader,
                          calibration_data=calibration_data, num_calib=num_calib)
     if equalize:      # BN folded first (else no Conv → Conv pairs); BN dust zeroed (see dead_channels)

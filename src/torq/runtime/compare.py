@@ -33,7 +33,7 @@ def output_diff(name: str, mode: str, ours: np.ndarray, ref: np.ndarray) -> Outp
 
 
 def sum_causes(op_diffs) -> dict:
-    total = {"tie": 0, "near-tie": 0, "other": 0}
+    total = {"tie": 0, "near-tie": 0, "float": 0, "overflow": 0, "other": 0}
     for od in op_diffs:
         for k, v in od.causes.items():
             total[k] = total.get(k, 0) + v

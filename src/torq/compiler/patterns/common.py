@@ -254,12 +254,25 @@ def int32_or_fail(ctx: Ctx, op, what: str, values) -> Fail | None:
     return ctx.fail(op, f"{what} {int(v[bad[0]])} (output channel {int(bad[0])}) exceeds int32")
 
 
-def folded_bias(ctx: Ctx, op, bias, in_zp: int, w_adj) -> np.ndarray | Fail:
-    """b' = b − in_zp·Σw′ per output channel, checked with the accumulator bound 128·Σ|w′| + |b'|."""
+#: Activation element types the NSS computes with: int8, and int16 (A16W8: the byte-plane path).
+ACTIVATION_DTYPES = (np.int8, np.int16)
+
+
+def activation_dtype(dt) -> bool:
+    return any(dt is t for t in ACTIVATION_DTYPES)
+
+
+def folded_bias(ctx: Ctx, op, bias, in_zp: int, w_adj, wide: bool = False) -> np.ndarray | Fail:
+    """b' = b − in_zp·Σw′ per output channel, checked with the accumulator bound 128·Σ|w′| + |b'|.
+
+    ``wide`` (int16 input): only b' must fit int32; the accumulator of a large layer may leave
+    int32 on extreme inputs, which the ACT's 32-bit sum wraps (``numerics.int16``, "overflow")."""
     w2 = np.asarray(w_adj, np.int64).reshape(len(bias), -1)
     folded = np.asarray(bias, np.int64) - int(in_zp) * w2.sum(axis=1)
-    for what, v in (("folded bias (bias − in_zp·Σw′)", folded),
-                    ("accumulator bound", 128 * np.abs(w2).sum(axis=1) + np.abs(folded))):
+    checks = [("folded bias (bias − in_zp·Σw′)", folded)]
+    if not wide:
+        checks.append(("accumulator bound", 128 * np.abs(w2).sum(axis=1) + np.abs(folded)))
+    for what, v in checks:
         fail = int32_or_fail(ctx, op, what, v)
         if fail is not None:        # (a Fail is falsy: compare with None)
             return fail
