@@ -29,7 +29,7 @@ def main(argv=None) -> int:
     import torq
     from torq import zoo
     from torq.compiler import compile as compile_model
-    from torq.runtime import reference
+    from torq import reference
 
     with tempfile.TemporaryDirectory() as d:
         fp32 = Path(d) / "resnet18.onnx"

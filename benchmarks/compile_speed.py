@@ -60,7 +60,7 @@ def measure(path: Path, rounds: int) -> dict:
     import torq
     from torq.errors import TorqError
     from torq.examples import build_example_cnn
-    from torq.runtime import reference
+    from torq import reference
     warm = torq.quantize(build_example_cnn(), num_calib=2)
     torq.compile(warm).program
     runs, ort = [], []

@@ -30,7 +30,7 @@ def _reference_style(model: Path, fmt: str, sample: int) -> tuple[float, int]:
     from torq.gen_config.layer_test import prepare
     from torq.gen_config.options import QuantSettings
     from torq.graph import extract_layers
-    from torq.runtime import iree
+    from torq.gen_config.executors import iree
     layers = extract_layers(model)
     quant = QuantSettings(quantize=True, full_integer=True, quant_format=fmt)
     picks = layers[:: max(1, len(layers) // sample)][:sample]

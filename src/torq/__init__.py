@@ -12,7 +12,7 @@ Python API (data and imports flow one way: quantize -> graph -> compiler -> prog
 """
 from .errors import TorqError
 
-__version__ = "0.1.0"
+from ._version import __version__
 
 
 def quantize(*args, **kwargs):

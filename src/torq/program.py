@@ -84,7 +84,8 @@ class Program:
     # -- graph I/O
     def feed(self, inputs: dict) -> list[np.ndarray]:
         """The inputs in program order, each checked against the model (name, dtype, shape) with a
-        one-line TorqError naming it; uint8 inputs shifted to the int8 the program computes with."""
+        one-line TorqError naming it; uint8 inputs shifted to the int8 the program computes with,
+        float32 values of a bf16 input rounded to bf16 (nearest even)."""
         if not isinstance(inputs, dict):
             raise TorqError(f"inputs must be a dict of input name -> array, not {type(inputs).__name__}")
         names = [p.name for p in self.inputs]
@@ -100,7 +101,7 @@ class Program:
             if x.dtype != p.onnx_dtype or tuple(x.shape) != tuple(p.shape):
                 raise TorqError(f"input {p.name!r}: expected {p.onnx_dtype} of shape {list(p.shape)}, "
                                 f"got {x.dtype} of shape {list(x.shape)}")
-            out.append(numerics.uint8_to_int8(x) if p.uint8 else x)
+            out.append(numerics.uint8_to_int8(x) if p.uint8 else numerics.to_bf16(x) if p.dtype == "bf16" else x)
         return out
 
     def fetch(self, outs: list) -> dict[str, np.ndarray]:

@@ -15,7 +15,7 @@ from qmodels import conv_model, model, quantize
 from torq import compile
 from torq import compile as torq_compile
 from torq.verify import verify
-from torq.runtime.reference import random_inputs
+from torq.reference import random_inputs
 
 SETTINGS = settings(max_examples=30, deadline=None, derandomize=True,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -218,7 +218,7 @@ def test_float_io_uses_the_quantize_dequantize_fallback(fmt):
     assert c.report.unsupported == [] and c.report.lowered.get("act") and c.report.lowered.get("fma")
     r = verify(c)
     assert all(o.exact for o in r.outputs if o.mode == "ort"), r.outputs
-    from torq.runtime import reference
+    from torq import reference
     x = reference.random_inputs(q, 0)
     ref = reference.run(q, x)["y"]
     nat = c.run(x, rounding="native")["y"]

@@ -18,7 +18,8 @@ from torq import numerics
 from torq import compile
 from torq.compiler import torq_hl
 from torq.compiler.lowering import func_ops
-from torq.runtime import kernels, reference
+from torq import reference
+from torq.runtime import kernels
 
 
 def fc_qdq_model(w_q, s_w, s_x, z_x, q_b, s_y, z_y):

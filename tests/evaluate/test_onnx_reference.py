@@ -14,7 +14,7 @@ from .fmnist_probe import TEST, TRAIN
 def _optimized_ops(model, fused, tmp_path):
     import onnx
 
-    from torq.runtime import reference
+    from torq import reference
     path = tmp_path / f"opt_{fused}.onnx"
     reference.session(model, optimized_model_path=path, fused=fused)
     return {n.op_type for n in onnx.load(path).graph.node}

@@ -8,7 +8,7 @@ import pytest
 
 from torq.gen_config import executors as X
 from torq.gen_config.compare import random_inputs
-from torq.runtime import reference
+from torq import reference
 
 from .conftest import cli, conv_chain
 

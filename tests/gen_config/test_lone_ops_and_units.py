@@ -11,7 +11,7 @@ from torq.errors import TorqError
 from torq.gen_config import mapping, schema
 from torq.gen_config.compare import compare, random_inputs
 from torq.quantize import quantize
-from torq.runtime import reference
+from torq import reference
 
 
 def _single(op, **attrs):

@@ -12,7 +12,7 @@ from qmodels import (conv_reducemean_model, conv_relu_pool_model, model, rand_in
 from torq.errors import TorqError
 from torq.examples import build_example_cnn
 from torq.quantize import SyntheticDataReader, quantize
-from torq.quantize.full_integer import io_quant_params
+from torq.graph.io_quant import io_quant_params
 
 X = rand_input((1, 3, 32, 32), seed=7)
 

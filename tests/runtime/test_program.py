@@ -36,7 +36,7 @@ def test_program_describes_the_model(compiled):
     p = compiled.program
     assert [x.name for x in p.inputs] == compiled.input_names
     assert p.inputs[0].uint8 and p.inputs[0].dtype == "i8" and p.inputs[0].onnx_dtype == np.uint8
-    from torq.quantize import io_quant_params
+    from torq.graph.io_quant import io_quant_params
     q = io_quant_params(compiled.model)["inputs"]["x"]
     assert (p.inputs[0].scale, p.inputs[0].zero_point) == (q["scale"], q["zero_point"])
     assert 0 <= p.inputs[0].zero_point <= 255 and p.outputs[0].scale > 0

@@ -22,7 +22,7 @@ import pytest
 import torq
 from torq import zoo
 from torq.verify import verify
-from torq.runtime import reference
+from torq import reference
 
 pytestmark = pytest.mark.slow
 

@@ -8,7 +8,7 @@ from onnx import helper
 import torq
 from qmodels import model
 from torq.quantize import quantize
-from torq.runtime.iree import compile_module
+from torq.gen_config.executors.iree import compile_module
 
 
 def test_a_layer_named_like_a_torch_export_runs_on_the_css():

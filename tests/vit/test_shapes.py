@@ -15,7 +15,7 @@ from compiler.test_lowering_props import SETTINGS, check_compiled
 from qmodels import conv_relu_pool_model, model, quantize, run
 from torq import compile as torq_compile
 from torq.compiler.lowering import NO_INTEGER_FORM
-from torq.graph.shapes import fold_shape_arithmetic, slice_constant_gathers
+from torq.compiler.frontend.fold_shapes import fold_shape_arithmetic, slice_constant_gathers
 from vit.attention import encoder_block
 
 SHAPE_OPS = {"Shape", "Concat", "Mod", "Sqrt", "Cast", "Gather", "ConstantOfShape"}

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..numerics import to_bf16
+
 _NP = {"i1": np.bool_, "i8": np.int8, "i16": np.int16, "i32": np.int32, "i64": np.int64,
        "f16": np.float16, "f32": np.float32, "f64": np.float64, "index": np.int64,
        "bf16": np.float32}  # bf16 values are held in float32 arrays (see numerics.to_bf16)
@@ -77,6 +79,8 @@ def attr_to_numpy(attr, mlir_type):
     if isinstance(attr, ir.DenseElementsAttr) or isinstance(attr, (ir.DenseIntElementsAttr, ir.DenseFPElementsAttr)):
         shape = tuple(ir.RankedTensorType(mlir_type).shape)
         dt = np_dtype(mlir_type)
+        if str(ir.RankedTensorType(mlir_type).element_type) == "bf16":
+            return bf16_dense(attr, shape)
         if attr.is_splat:
             v = attr.get_splat_value()
             return np.full(shape, _scalar(v), dtype=dt)
@@ -86,6 +90,29 @@ def attr_to_numpy(attr, mlir_type):
     if isinstance(attr, ir.FloatAttr):
         return np.array(attr.value, dtype=np_dtype(mlir_type))
     raise NotImplementedError(f"constant attribute {attr}")
+
+
+def bf16_dense(attr, shape) -> np.ndarray:
+    """A bf16 dense attribute as float32 values (the bindings' buffer protocol has no bf16): read
+    from its text, ``dense<"0x...">`` (little-endian bit patterns), a splat or a value list."""
+    text = str(attr)
+    body = text[text.index("<") + 1:text.rindex("> :")].strip()
+    if body.startswith('"0x'):
+        bits = np.frombuffer(bytes.fromhex(body[3:-1]), dtype="<u2")
+        vals = (bits.astype(np.uint32) << 16).view(np.float32)
+    else:
+        toks = re.findall(r"0x[0-9A-Fa-f]+|[-+]?(?:inf|nan|[0-9.]+(?:[eE][-+]?[0-9]+)?)", body)
+        vals = np.array([np.array([int(t, 16) << 16], np.uint32).view(np.float32)[0] if t.startswith("0x")
+                         else np.float32(t) for t in toks], np.float32)
+        vals = to_bf16(vals)        # decimals print with 7 digits: the nearest bf16 is the value
+    n = int(np.prod(shape)) if shape else 1
+    if vals.size not in (1, n):
+        return _bad_dense(text)
+    return np.broadcast_to(vals.reshape(-1)[:n] if vals.size == n else vals.reshape(()), (n,)).reshape(shape).copy()
+
+
+def _bad_dense(text):
+    raise NotImplementedError(f"bf16 constant {text[:60]}")
 
 
 def _scalar(v):
@@ -194,7 +221,7 @@ class Generic:
         from torch_mlir import ir
         self.op = op
         self.folder = folder
-        n_in = len(op.operands) - 1  # one output (torch-mlir generics have one init)
+        n_in = len(op.regions[0].blocks[0].arguments) - len(op.results)   # block args: ins, then outs
         self.inputs = list(op.operands)[:n_in]
         self.out_shape = shape_of(op.results[0])
         its = [str(a) for a in op.attributes["iterator_types"]]
@@ -245,7 +272,11 @@ class Generic:
             self._tree = self._build_tree()
         return self._tree
 
-    def _build_tree(self):
+    def tree_of(self, value):
+        """Expression tree of one value of the body (e.g. a reduction's addend)."""
+        return self._build_tree(value)
+
+    def _build_tree(self, root=None):
         memo = {}
         yield_op = list(self.block.operations)[-1]
 
@@ -284,7 +315,7 @@ class Generic:
             memo[k] = r
             return r
 
-        return build(yield_op.operands[0])
+        return build(yield_op.operands[0] if root is None else root)
 
     def tree_or_none(self):
         """tree(), or None for a body this reader cannot evaluate (e.g. linalg.index): the
@@ -332,7 +363,13 @@ def _rtype(node: Node):
 
 
 def eval_node(t, env):
-    """Evaluate an expression tree with numpy, in the MLIR result dtypes (IEEE float32 ops)."""
+    """Evaluate an expression tree with numpy, in the MLIR result dtypes (IEEE float32 ops; a bf16
+    result is the float32 one rounded to bf16, see numerics.bf16_arith)."""
+    r = _eval(t, env)
+    return to_bf16(r) if isinstance(t, Node) and t.attr.endswith("|bf16") else r
+
+
+def _eval(t, env):
     if isinstance(t, Arg):
         return env[t.index]
     if isinstance(t, Index):

@@ -13,8 +13,8 @@ import numpy as np
 
 from . import linalg_view as L
 from . import recognise as R
-from .patterns import (conv, data_movement, elementwise, fully_connected, matmul, movement_chain, pooling,
-                       requantize, table)
+from .patterns import (conv, data_movement, elementwise, float_contract, float_elementwise, fully_connected, matmul,
+                       movement_chain, pooling, requantize, table)
 from .patterns.common import Ctx, Fail, constant
 from .patterns.quant_fallback import DequantizeFallback, QuantizeFallback
 
@@ -70,17 +70,51 @@ def dce(module) -> None:
             op.erase()
 
 
-def lower(module, ort_zp_shift: int = 0, onnx_ops: dict | None = None) -> LoweringReport:
+def lower(module, ort_zp_shift: int = 0, onnx_ops: dict | None = None, float_ops: bool = False) -> LoweringReport:
     """Rewrite `module` (linalg-on-tensors) in place into torq_hl + data movement.
 
     ort_zp_shift: 128 when the ONNX model's uint8 activations were shifted to int8 (signedness).
-    onnx_ops: "LINE:COL" -> ONNX op type, to know which ONNX Runtime kernel the reference runs."""
+    onnx_ops: "LINE:COL" -> ONNX op type, to know which ONNX Runtime kernel the reference runs.
+    float_ops: a bf16 model: its float linalg ops become bf16 / f32 torq_hl ops (FLOAT_RULES)."""
     from torch_mlir import ir
     with module.context, ir.Location.unknown():
-        return _lower(module, Ctx(module, ort_zp_shift, onnx_ops))
+        return _lower(module, Ctx(module, ort_zp_shift, onnx_ops), float_ops)
 
 
-def _lower(module, ctx: Ctx) -> LoweringReport:
+def _lower_float(ctx: Ctx, module) -> None:
+    """The float rules, op by op in order: a named contraction / pool (which may fold the truncf
+    and clamp after it), else a float linalg.generic (elementwise or reduction)."""
+    for op in func_ops(module):
+        if not op.results or all(next(iter(r.uses), None) is None for r in op.results):
+            continue            # folded into an earlier op (or dead)
+        if op.name in float_contract.NAMED:
+            m = float_contract.NAMED[op.name](ctx, op)
+            if not isinstance(m, Fail):
+                last, new = m
+                _replace(ctx, last, new)
+        elif float_elementwise.is_float_generic(op):
+            if ctx.generic(op) is not None and not ctx.generic(op).var_inputs:
+                continue        # computed from constants: folded (below) if still read
+            m = float_elementwise.lower_generic(ctx, op)
+            if not isinstance(m, Fail):
+                _replace(ctx, *m)
+
+
+def _materialize_float_constants(ctx: Ctx, module) -> None:
+    """A float generic computed from constants only that is still read becomes its value."""
+    from torch_mlir import ir
+    for op in func_ops(module):
+        if not float_elementwise.is_float_generic(op) or len(op.results) != 1:
+            continue
+        value = ctx.const(op.results[0])
+        if value is None:
+            continue
+        elem = L.element_type(op.results[0])
+        new = float_contract.typed_constant(value, elem, op.location, ir.InsertionPoint(op))
+        _replace(ctx, op, new.owner)
+
+
+def _lower(module, ctx: Ctx, float_ops: bool = False) -> LoweringReport:
     for op in func_ops(module):
         try:
             _lower_root(ctx, op)
@@ -112,6 +146,13 @@ def _lower(module, ctx: Ctx) -> LoweringReport:
             except ValueError as e:     # e.g. a per-channel dequantize feeding an unlowered op
                 ctx.fail(op, f"standalone DequantizeLinear: {e}")
     dce(module)
+    if float_ops:
+        ctx.erased()
+        _lower_float(ctx, module)
+        dce(module)
+        ctx.erased()
+        _materialize_float_constants(ctx, module)
+        dce(module)
     return report(module, ctx)
 
 

@@ -16,16 +16,17 @@ import onnx
 from .. import numerics
 from ..errors import TorqError
 from ..fileio import atomic_write_text
-from ..graph import signedness
-from ..graph.canonicalize import canonicalize
+from ..graph.io_quant import io_quant_params
 from ..graph.load import load_model
-from ..graph.shapes import fold_shape_arithmetic, slice_constant_gathers
-from ..graph.specialise import specialise_dynamic_dims
 from ..graph.validate import validate
-from ..graph.wide_weights import per_axis_int16_weights
+from .frontend.wide_weights import per_axis_int16_weights
 from ..program import Program
-from ..quantize.full_integer import io_quant_params
+from ..graph.bf16 import convert_to_bf16, is_bf16, to_fp32
 from . import importer, lowering, torq_hl
+from .frontend import signedness
+from .frontend.canonicalize import canonicalize
+from .frontend.fold_shapes import fold_shape_arithmetic, slice_constant_gathers
+from .frontend.specialise import specialise_dynamic_dims
 from .emit import emit_program
 
 STAGES = ("torch_onnx", "torch", "linalg", "torq_hl")
@@ -78,8 +79,13 @@ def _graph_io(model):
 
 def import_graph(model: onnx.ModelProto) -> onnx.ModelProto:
     """The ONNX graph whose k-th non-Constant node is the k-th imported torch.operator: batch 1
-    (graph/specialise.py), contrib ops in standard form, shape arithmetic folded and constant-index
-    Gathers as slices (graph/shapes.py). `gen_config run` partitions this same graph."""
+    (compiler/frontend/specialise.py), contrib ops in standard form, shape arithmetic folded and constant-index
+    Gathers as slices (graph/shapes.py). `gen_config run` partitions this same graph.
+
+    A bf16 model goes through as its exact fp32 twin (the ONNX checker rejects bf16 Conv at the
+    opsets models use; see graph/bf16.py) and is retyped bf16 at the end."""
+    if is_bf16(model):
+        return convert_to_bf16(import_graph(to_fp32(model)))
     model = per_axis_int16_weights(canonicalize(specialise_dynamic_dims(model)))
     return slice_constant_gathers(fold_shape_arithmetic(model))
 
@@ -106,7 +112,8 @@ def compile(model, debug_ir: str | os.PathLike | None = None, name: str | None =
     t2 = time.perf_counter()
     onnx_ops = {loc: op for op, loc in imported.operator_locations}
     with torq_hl.recording() as recorded:
-        report = lowering.lower(module, ort_zp_shift=numerics.UINT8_SHIFT if shifted else 0, onnx_ops=onnx_ops)
+        report = lowering.lower(module, ort_zp_shift=numerics.UINT8_SHIFT if shifted else 0, onnx_ops=onnx_ops,
+                                float_ops=is_bf16(model))
     try:
         module.operation.verify()      # the torq_hl dialect is IRDL-registered: attributes are checked
     except Exception as e:  # noqa: BLE001 - an invalid module is a compiler bug, say where

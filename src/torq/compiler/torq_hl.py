@@ -32,6 +32,17 @@ Semantics (NCHW, int8 activations; see runtime/nss.py and torq/numerics):
          activations (A16W8), the byte-plane path of numerics.int16 (same attributes)
   matmul: two activations ([B,] M×K by [B,] K×N, zero points already taken off by fma):
          acc = input1 @ input2 (exact, i32), out = ACT(acc, scale_bias[1], shift_factor)  (Q·Kᵀ)
+
+The same ops carry bf16 (the reference's profile "I:BF16 W:BF16 O:BF16 B:I32"; arithmetic in
+torq/numerics/bf16_arith.py): conv2d / depthwise_conv2d / fully_connected take bf16 input and
+weights and an f32 bias vector as `scale_bias`, matmul two bf16 activations; `output_min` /
+`output_max` hold fp32 bit patterns (the fused clamp, as the reference stores them), the
+integer-only attributes are 0 or empty. avg_pool2d / maxpool2d / reduce (mode "sum" | "max" |
+"mean", over the input axes `dims`) compute in the float type of their result. bf16 adds:
+  elementwise: one linalg body as ALU / ACT nodes, `body` = "%0 = exp bf16 a0; %1 = add bf16 %0 c0"
+         (a<i>: operand i, c<j>: constants[j], i<d>: the index along iteration dim d, %k: node k;
+         each node rounds to its type); `maps` = per operand [rank, iteration dim per axis
+         (-1: a size-1 axis read at 0)], operands broadcast against the iteration space
 """
 from __future__ import annotations
 
@@ -78,6 +89,7 @@ OPS: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {
     "matmul": (("init", "input1", "input2"), {
         "output_zp": I32, "output_min": I32, "output_max": I32, "shift_factor": I32, "scale_bias": I64A,
         "ort_dq_scale": F32A, "ort_output_scale": F32A}),
+    "elementwise": (("init", "input0", "input1?", "input2?", "input3?"), {"body": STR, "constants": F32A, "maps": I64A}),
 }
 
 _IRDL_KIND = {I32: '"#builtin.integer"', I64A: '"#builtin.dense_array"', F32A: '"#builtin.dense_array"',
@@ -94,7 +106,8 @@ def irdl_text() -> str:
         lines.append("    %r = irdl.any")
         for i, kind in enumerate(attrs.values()):
             lines.append(f"    %a{i} = irdl.base {_IRDL_KIND[kind]}")
-        ops = ", ".join(f"{n}: %o{i}" for i, n in enumerate(operands))
+        ops = ", ".join(f"{n.rstrip('?')}: {'optional ' if n.endswith('?') else ''}%o{i}"
+                        for i, n in enumerate(operands))
         lines.append(f"    irdl.operands({ops})")
         if attrs:
             at = ", ".join(f'"{a}" = %a{i}' for i, a in enumerate(attrs))
@@ -170,7 +183,8 @@ def create(name: str, result_type, operands, attrs: dict, loc, ip):
     from torch_mlir import ir
 
     names, kinds = OPS[name]
-    if len(operands) != len(names):
+    required = sum(not n.endswith("?") for n in names)
+    if not required <= len(operands) <= len(names):
         raise ValueError(f"torq_hl.{name} takes {names}")
     missing = set(kinds) - set(attrs)
     extra = set(attrs) - set(kinds)
@@ -178,12 +192,15 @@ def create(name: str, result_type, operands, attrs: dict, loc, ip):
         raise ValueError(f"torq_hl.{name}: missing {sorted(missing)} unexpected {sorted(extra)}")
     arrays = {k: _i64_values(v) for k, v in attrs.items() if kinds[k] == I64A}
     built = {k: make_attr(kinds[k], arrays.get(k, v)) for k, v in attrs.items()}
+    if required < len(names):       # optional operands: IRDL wants their segment sizes
+        sizes = [1] * required + [int(i < len(operands)) for i in range(required, len(names))]
+        built["operandSegmentSizes"] = ir.DenseI32ArrayAttr.get(sizes)
     op = ir.Operation.create(f"torq_hl.{name}", results=[result_type], operands=list(operands),
                              attributes=built, loc=loc, ip=ip)
     recorded = _RECORDED.get()
     if recorded is not None:   # the small ones read back: exactly what the IR holds
         recorded[op] = (op.name, {k: arrays[k].copy() if k in arrays else read_attr(kinds[k], a)
-                                  for k, a in built.items()})
+                                  for k, a in built.items() if k in kinds})
     return op
 
 

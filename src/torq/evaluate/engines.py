@@ -42,7 +42,7 @@ class OrtEngine:
     correct int8 executions of the same model disagree on top-1."""
 
     def __init__(self, model: onnx.ModelProto, threads: int = 0, fused: bool = True):
-        from ..runtime import reference
+        from .. import reference
         self.sess = reference.session(model, threads=threads, fused=fused)
         self.input = self.sess.get_inputs()[0].name
 

@@ -147,7 +147,7 @@ def evaluate(model, dataset, *, preprocess: str | Preprocess | None = None, opti
     """Evaluate ``model`` (fp32 ONNX path) on ``dataset`` (SPEC or Dataset); see EvalOptions."""
     from dataclasses import replace
 
-    from ..quantize import io_quant_params
+    from ..graph.io_quant import io_quant_params
     opts = replace(options or EvalOptions(), **overrides)
     if preprocess is not None:
         opts = replace(opts, preprocess=parse_preprocess(preprocess) if isinstance(preprocess, str) else preprocess)

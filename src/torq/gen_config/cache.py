@@ -1,14 +1,14 @@
 """Per-layer results cached by content: the layer's ONNX bytes + every flag that changes a result.
 
 A resumed or repeated ``discover`` finds each layer it has already tested here and neither
-recompiles nor reruns it. Compiled IREE modules are cached next to it (``runtime/iree.py``)."""
+recompiles nor reruns it. Compiled IREE modules are cached next to it (``gen_config/executors/iree.py``)."""
 from __future__ import annotations
 
 import hashlib
 import json
 from pathlib import Path
 
-from .. import __version__
+from .._version import __version__
 from ..fileio import atomic_write_json
 
 #: bump when the comparison or recommendation rules change (old cached verdicts become stale)

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import __version__
+from .._version import __version__
 from ..errors import TorqError
 from . import layer_test, mapping, schema
 from .cache import ResultCache

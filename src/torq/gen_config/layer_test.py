@@ -30,7 +30,7 @@ def prepare(fp32_layer, quant, debug_ir=None, name="layer", calib=None) -> Prepa
 
     ``calib``: the layer's input activations from the full model's calibration data (else the
     quantizer's synthetic data, as the reference tool does per layer)."""
-    from ..runtime import reference
+    from .. import reference
     p = Prepared()
     try:
         if quant.quantize:

@@ -141,7 +141,7 @@ def _hkey(item):
 def ort_intermediates(c, inputs: dict) -> dict:
     """ONNX Runtime on the canonical model with every node output exposed."""
     import onnx
-    from ..runtime import reference
+    from .. import reference
     m = onnx.shape_inference.infer_shapes(c)
     have = {o.name for o in m.graph.output}
     typed = {v.name: v for v in list(m.graph.value_info)}
@@ -181,7 +181,7 @@ def c_nodes(c) -> list:
 
 def run_full(opts: RunOptions, log=None) -> tuple[dict, Path]:
     from ..compiler.pipeline import import_graph
-    from ..runtime import reference
+    from .. import reference
     layers, suffix, q = model_and_layers(opts.model, opts.quant, opts.subgraph)
     path = schema.report_path(opts.output_dir, opts.model.stem, suffix)
     report = schema.load(path)

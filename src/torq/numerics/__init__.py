@@ -14,14 +14,15 @@ torq). One module per concern:
            channels), ACT unit (NTP) rescale, native Add / Mul / average pool
   ort      ONNX Runtime's recipes: ``dq_scale`` (the float32 product every Conv/MatMul scale
            starts from), requantisation, QLinearAdd / Mul / pools, Quantize/DequantizeLinear
-  bf16     the NPU's bf16 Quantize/Dequantize fallback, step by step
+  bf16     the NPU's bf16 Quantize/Dequantize fallback, step by step (and ``to_bf16``)
+  bf16_arith  the bf16 datapath: contractions, elementwise functions, pools (``numerics.bf16_arith``)
   explain  why a native result differs from ORT's (tie / near-tie / other), in exact rationals
   int16    int16 activations x int8 weights: the NPU's byte planes, ORT's float path, their contract
   loops    numba-compiled per-element loops and the layout plumbing they need
 """
 from __future__ import annotations
 
-from . import bf16, explain, int16, loops, native, ort
+from . import bf16, bf16_arith, explain, int16, loops, native, ort
 from .bf16 import *  # noqa: F401,F403
 from .explain import *  # noqa: F401,F403
 from .int16 import *  # noqa: F401,F403

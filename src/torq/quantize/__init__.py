@@ -7,7 +7,8 @@ import sys
 import types
 
 from .calibration import ArrayDataReader, SyntheticDataReader, load_dataset
-from .full_integer import convert_to_full_integer, io_quant_params
+from ..graph.io_quant import io_quant_params
+from .full_integer import convert_to_full_integer
 from .static import quantize, resolve_hybrid
 
 __all__ = ["quantize", "resolve_hybrid", "convert_to_full_integer", "io_quant_params",

@@ -17,15 +17,12 @@ application needs them to quantize inputs and dequantize outputs.
 """
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from ..graph.io_quant import set_io_quant_params
 from ..graph.walk import subgraphs
-
-IO_QUANT_KEY = "torq.io_quant"
 
 
 def _init_values(g: onnx.GraphProto) -> dict[str, np.ndarray]:
@@ -140,23 +137,12 @@ def convert_to_full_integer(model: onnx.ModelProto) -> onnx.ModelProto:
     _convert_inputs(g, inits, record)
     _convert_outputs(g, inits, record)
     _drop_unused_initializers(g)
-    for p in list(m.metadata_props):
-        if p.key == IO_QUANT_KEY:
-            m.metadata_props.remove(p)
-    m.metadata_props.add(key=IO_QUANT_KEY, value=json.dumps(record))
+    set_io_quant_params(m, record)
     try:
         m = onnx.shape_inference.infer_shapes(m)
     except Exception:
         pass  # best effort: the I/O shapes are already right, value_info is only a hint
     return m
-
-
-def io_quant_params(model: onnx.ModelProto) -> dict:
-    """The scale/zero point/dtype of each int8 graph I/O written by convert_to_full_integer."""
-    for p in model.metadata_props:
-        if p.key == IO_QUANT_KEY:
-            return json.loads(p.value)
-    return {"inputs": {}, "outputs": {}}
 
 
 def _drop_unused_initializers(g: onnx.GraphProto) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import onnx
 from onnx import helper
 
-from .full_integer import io_quant_params
+from ..graph.io_quant import io_quant_params
 
 _QDQ = ("QuantizeLinear", "DequantizeLinear")
 

@@ -22,6 +22,7 @@ from ..errors import TorqError
 from ..program import Program, Step, np_dtype
 from .kernels.blas import single_thread_run
 from .movement import DATA_MOVEMENT
+from .float_ops import FLOAT_OPS, is_float_step
 from .ops import OPS
 
 ROUNDING_MODES = ("native", "ort")
@@ -50,7 +51,9 @@ class Simulator:
     @staticmethod
     def _bind(st: Step) -> _Kernel:
         rtype = np_dtype(st.dtype)
-        if st.op.startswith("torq_hl."):
+        if is_float_step(st):
+            make = FLOAT_OPS[st.op[8:]]
+        elif st.op.startswith("torq_hl."):
             make = OPS.get(st.op[8:])
         else:
             make = DATA_MOVEMENT.get(st.op)
@@ -87,7 +90,8 @@ class Simulator:
                 env[st.out] = out
                 if explain and k.check is not None:
                     ort = (ort_at or {}).get(st.out)
-                    diffs.append(OpDiff(st.op, st.location, rounding, *k.check(args, out, rounding, ort=ort)))
+                    given = {} if ort is None else {"ort": ort}
+                    diffs.append(OpDiff(st.op, st.location, rounding, *k.check(args, out, rounding, **given)))
         outs = [np.asarray(env[o.slot]).astype(np_dtype(o.dtype), copy=False) for o in p.outputs]
         return (outs, diffs) if explain else outs
 

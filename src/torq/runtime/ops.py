@@ -168,7 +168,7 @@ def _fc(st, rtype):
 
 def _binary_ort(recipe, k, x, y, sa, za, sb, zb, sc, a):
     """An ORT binary recipe (QLinearAdd, float Add, QLinearMul) run in ORT's own domain: shifted
-    back by k = 128 when the model's uint8 activations were made int8 (graph/signedness.py)."""
+    back by k = 128 when the model's uint8 activations were made int8 (compiler/frontend/signedness.py)."""
     return recipe(x.astype(np.int64) + k, y.astype(np.int64) + k, sa, za + k, sb, zb + k, sc,
                   a["output_zp"] + k, a["output_min"] + k, a["output_max"] + k) - k
 

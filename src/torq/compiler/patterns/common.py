@@ -46,7 +46,7 @@ class Ctx:
         self.onnx_ops = onnx_ops or {}    # "LINE:COL" -> ONNX op type (from the import)
         self.folder = L.Folder()
         self.reasons: dict = {}   # id(compute op) -> (op, reason)
-        self.ort_zp_shift = ort_zp_shift   # 128 when uint8 activations were shifted (graph/signedness.py)
+        self.ort_zp_shift = ort_zp_shift   # 128 when uint8 activations were shifted (compiler/frontend/signedness.py)
         self._generics: dict = {}  # op -> {force_var: Generic}: each rule reads the same ops again
 
     def generic(self, op, force_var=()):

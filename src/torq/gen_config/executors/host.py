@@ -1,8 +1,8 @@
 """HOST: the application processor, IREE ``llvm-cpu`` native code from the layer's linalg IR."""
-from . import _iree
+from . import iree
 
 NAME = "host"
 
 
 def build(compiled, *, cache_dir=None, rounding: str = "native"):
-    return _iree.build(NAME, compiled, cache_dir)
+    return iree.build(NAME, compiled, cache_dir)

@@ -27,7 +27,7 @@ def build(compiled, *, cache_dir=None, rounding: str = "native") -> Runnable:
 
 
 def _program_path(model, cache_dir) -> Path:
-    from ... import __version__
+    from ..._version import __version__
     from ...program import FORMAT_VERSION
     key = hashlib.sha256(f"torq {__version__} program {FORMAT_VERSION}|".encode() + model.SerializeToString())
     return Path(cache_dir) / "programs" / f"{key.hexdigest()}.npz"

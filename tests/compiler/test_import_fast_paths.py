@@ -21,9 +21,9 @@ from onnx import helper
 from qmodels import conv_relu_pool_model, model, quantize, reshape_subgraph_model
 from torq.compiler import importer, lowering, torq_hl
 from torq.compiler import linalg_view as L
-from torq.graph import signedness
-from torq.graph.canonicalize import canonicalize
-from torq.graph.specialise import specialise_dynamic_dims
+from torq.compiler.frontend import signedness
+from torq.compiler.frontend.canonicalize import canonicalize
+from torq.compiler.frontend.specialise import specialise_dynamic_dims
 
 
 def _batchnorm_after_concat():

@@ -14,7 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 
 from torq.errors import TorqError
-from torq.graph.canonicalize import canonicalize
+from torq.compiler.frontend.canonicalize import canonicalize
 
 X_SHAPE = [1, 3, 8, 8]
 

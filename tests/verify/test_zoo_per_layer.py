@@ -7,7 +7,7 @@ from pathlib import Path
 import onnx
 import pytest
 
-from .islands_model import island_at_output
+from quantize.islands_model import island_at_output
 
 ZOO = Path(__file__).resolve().parents[2] / "benchmarks" / "zoo.py"
 

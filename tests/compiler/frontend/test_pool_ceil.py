@@ -1,4 +1,4 @@
-"""MaxPool ceil_mode=1 canonicalized to floor mode with ORT's output size (graph/pool_ceil.py).
+"""MaxPool ceil_mode=1 canonicalized to floor mode with ORT's output size (compiler/frontend/pool_ceil.py).
 
 ORT drops a ceil-mode window that would start past the input and its leading pad; ONNX shape
 inference does not, and torch-mlir then failed on the declared type (padded input, or stride >
@@ -15,7 +15,7 @@ from onnx import helper
 import torq
 from qmodels import model, run
 from torq.compiler import compile as torq_compile
-from torq.graph.pool_ceil import ceil_pools_to_floor, floor_pads, ort_output_size
+from torq.compiler.frontend.pool_ceil import ceil_pools_to_floor, floor_pads, ort_output_size
 from torq.verify import verify
 
 FAST = settings(max_examples=60, deadline=None, derandomize=True, phases=[Phase.explicit, Phase.generate],

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import TorqError
-from ..fileio import atomic_write_bytes
+from ...errors import TorqError
+from ...fileio import atomic_write_bytes
+from . import ExecutorError, Runnable, one_line
 
 BACKENDS = {"css": "vmvx", "host": "llvm-cpu"}
 _FUNC = re.compile(r'func\.func\s+@(?:"([^"]+)"|([\w$.-]+))')   # torch exports name graphs "/a/b_output_0"
@@ -77,3 +78,16 @@ class IreeModule:
 
 def compile_module(linalg_text: str, backend: str, cache_dir=None) -> IreeModule:
     return IreeModule.load(compile_vmfb(linalg_text, backend, cache_dir), linalg_text, backend)
+
+
+def build(name: str, compiled, cache_dir=None) -> Runnable:
+    """The layer's linalg IR compiled by IREE for executor ``name`` (css | host)."""
+    try:
+        module = compile_module(compiled.ir("linalg"), BACKENDS[name], cache_dir)
+    except Exception as e:  # noqa: BLE001
+        raise ExecutorError("iree_compile_failed", one_line(e)) from None
+
+    def run(inputs):
+        outs, ms = module.run(compiled.feed(inputs))
+        return compiled.fetch(outs), ms
+    return Runnable(name, run)

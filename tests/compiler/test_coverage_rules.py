@@ -1,4 +1,4 @@
-"""Property tests for the zoo-coverage lowerings, against real ONNX Runtime (issue 10).
+"""Property tests for the zoo-coverage lowerings, against real ONNX Runtime.
 
 Each model is Conv -> <construct> -> 1x1 Conv, so ORT quantizes the construct's input and output
 (a construct at the graph output would be left in float). `ort` rounding must be bit-exact with
@@ -106,7 +106,7 @@ def test_standalone_batchnorm(data, per_channel):
 def test_maxpool_ceil_mode(data, fmt):
     """MaxPool ceil_mode=1 without padding (SqueezeNet, GoogLeNet): the NSS output has the ONNX
     (ceil) shape. Windows ORT drops (starting past the input + leading pad) and padded pools:
-    tests/qop/test_maxpool_ceil.py (graph/pool_ceil.py)."""
+    tests/compiler/frontend/test_pool_ceil.py (compiler/frontend/pool_ceil.py)."""
     rng = np.random.default_rng(data.draw(st.integers(0, 2**16)))
     c, hw = data.draw(st.integers(1, 4)), data.draw(st.integers(4, 11))
     k, s = data.draw(st.sampled_from([2, 3])), data.draw(st.sampled_from([2, 3]))
@@ -169,7 +169,7 @@ def _conv_relu_conv(rng, batch, bias):
 
 @pytest.mark.parametrize("fmt", ["qdq", "qoperator"])
 def test_dynamic_batch_is_compiled_for_batch_one(fmt):
-    """A model quantized with a dynamic batch ('N') compiles for batch 1 (graph/specialise.py);
+    """A model quantized with a dynamic batch ('N') compiles for batch 1 (compiler/frontend/specialise.py);
     it failed with 'negative dimensions are not allowed'."""
     import torq
     m = _conv_relu_conv(np.random.default_rng(0), "N", 0.1)

@@ -1,4 +1,4 @@
-"""The kernel paths added for NSS throughput, against plain int64 formulas: the channels-last
+"""The kernel fast paths against plain int64 formulas: the channels-last
 depthwise loop's tap-row sums (3 and 5 taps per kernel row, any stride / dilation / channel
 multiplier / padding), accumulators built in a reused Workspace (buffers handed from one conv
 to the next, any shapes and dtypes), batch invariance, and a wrong weight is seen."""

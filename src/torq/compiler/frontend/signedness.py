@@ -15,7 +15,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, numpy_helper
 
-from ..numerics import UINT8_SHIFT
+from ...numerics import UINT8_SHIFT
 
 # For these ops, which inputs are zero points (a uint8 zero point makes its tensor uint8).
 _ZP_INPUTS = {
@@ -24,7 +24,7 @@ _ZP_INPUTS = {
     "QLinearAdd": (2, 5, 7), "QLinearMul": (2, 5, 7), "QGemm": (2, 5, 8),
     "QLinearGlobalAveragePool": (2, 4), "QLinearAveragePool": (2, 4),
     "QLinearSigmoid": (2, 4), "QLinearLeakyRelu": (2, 4),
-    "Pad": (2,),   # a uint8 Pad's constant moves with its tensor (graph.pool_ceil pads with 0 = min)
+    "Pad": (2,),   # a uint8 Pad's constant moves with its tensor (compiler/frontend/pool_ceil.py pads with 0 = min)
 }
 
 

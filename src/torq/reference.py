@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from ..errors import TorqError, one_line
+from .errors import TorqError, one_line
 
 
 def session(model: onnx.ModelProto, threads: int = 0, optimized_model_path: str | None = None,

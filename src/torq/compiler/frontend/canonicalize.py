@@ -45,10 +45,10 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from .. import numerics
+from ... import numerics
 from .pool_ceil import ceil_pools_to_floor
-from .walk import subgraphs
-from ..errors import TorqError
+from ...graph.walk import subgraphs
+from ...errors import TorqError
 
 __all__ = ["canonicalize", "REWRITES"]
 

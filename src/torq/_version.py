@@ -1,0 +1,2 @@
+"""The package version (a leaf: sub-packages read it without importing the torq face)."""
+__version__ = "0.1.0"

@@ -1,0 +1,175 @@
+"""bf16 NSS kernels, bit for bit against an independent implementation of the documented model
+(tests/bf16_model.py: Fractions and arithmetic rounding, no torq.numerics), through the whole
+compiler: fp32 ONNX -> bf16 conversion -> torch-mlir -> torq_hl -> Program -> simulator."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from onnx import TensorProto, helper, numpy_helper
+
+import torq
+from torq.graph.bf16 import convert_to_bf16, to_fp32
+
+import bf16_model as M
+
+INF = math.inf
+
+
+def build(nodes, inputs, outputs, inits, opset=17):
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in inputs],
+                          [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in outputs],
+                          [numpy_helper.from_array(np.asarray(v, np.float32), k) for k, v in inits.items()])
+    return onnx.shape_inference.infer_shapes(helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)]))
+
+
+def nss(fp32_model, feeds):
+    """(NSS outputs, the bf16 model's values: initializers and rounded inputs, as float32)."""
+    b = convert_to_bf16(fp32_model)
+    compiled = torq.compile(b)
+    assert not compiled.report.unsupported, compiled.report.unsupported
+    twin = to_fp32(b)
+    values = {t.name: numpy_helper.to_array(t) for t in twin.graph.initializer}
+    values.update({k: M.bf16(v) for k, v in feeds.items()})
+    return compiled.run(feeds), values, compiled
+
+
+def rand(rng, shape, scale=1.0):
+    return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+
+def conv_case(rng, c, o, hw, k, stride, pad, groups, relu):
+    w = rand(rng, (o, c // groups, k, k), 0.5)
+    b = rand(rng, (o,), 0.3)
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], strides=[stride] * 2, pads=[pad] * 4, group=groups)]
+    nodes.append(helper.make_node("Relu", ["c"], ["y"]) if relu else helper.make_node("Identity", ["c"], ["y"]))
+    oh = (hw + 2 * pad - k) // stride + 1
+    return build(nodes, [("x", [1, c, hw, hw])], [("y", [1, o, oh, oh])], {"w": w, "b": b})
+
+
+@settings(max_examples=8, deadline=None)
+@given(c=st.integers(1, 5), o=st.integers(1, 5), hw=st.integers(3, 7), k=st.sampled_from([1, 2, 3]),
+       stride=st.sampled_from([1, 2]), pad=st.sampled_from([0, 1]), relu=st.booleans(), seed=st.integers(0, 99))
+def test_conv2d_bit_exact(c, o, hw, k, stride, pad, relu, seed):
+    rng = np.random.default_rng(seed)
+    model = conv_case(rng, c, o, hw, k, stride, pad, 1, relu)
+    x = rand(rng, (1, c, hw, hw))
+    out, v, compiled = nss(model, {"x": x})
+    lo = 0.0 if relu else -INF
+    want = M.conv2d(v["x"], v["w"], v["b"], (stride, stride), (pad,) * 4, 1, lo, INF)
+    assert np.array_equal(out["y"], want)
+    assert "conv2d" in compiled.report.lowered and "elementwise" not in compiled.report.lowered  # Relu folded
+
+
+@settings(max_examples=6, deadline=None)
+@given(c=st.integers(2, 6), hw=st.integers(3, 8), k=st.sampled_from([3, 5]), stride=st.sampled_from([1, 2]),
+       seed=st.integers(0, 99))
+def test_depthwise_bit_exact(c, hw, k, stride, seed):
+    rng = np.random.default_rng(seed)
+    pad = k // 2
+    model = conv_case(rng, c, c, hw, k, stride, pad, c, False)
+    x = rand(rng, (1, c, hw, hw), 2.0)
+    out, v, compiled = nss(model, {"x": x})
+    want = M.conv2d(v["x"], v["w"], v["b"], (stride, stride), (pad,) * 4, c)
+    assert np.array_equal(out["y"], want)
+    assert compiled.report.lowered.get("depthwise_conv2d") == 1
+
+
+@settings(max_examples=6, deadline=None)
+@given(m=st.integers(1, 4), k=st.integers(1, 40), n=st.integers(1, 9), seed=st.integers(0, 99))
+def test_gemm_bias_is_a_separate_bf16_add(m, k, n, seed):
+    rng = np.random.default_rng(seed)
+    w, b = rand(rng, (n, k)), rand(rng, (n,))
+    model = build([helper.make_node("Gemm", ["x", "w", "b"], ["y"], transB=1)], [("x", [m, k])], [("y", [m, n])],
+                  {"w": w, "b": b})
+    x = rand(rng, (m, k), 3.0)
+    out, v, compiled = nss(model, {"x": x})
+    fc = M.matmul(v["x"], v["w"].T)                           # fully_connected: bf16(fl32(Σ))
+    want = M.bf16(np.float32(fc) + v["b"][None, :])          # then the bias add, rounded to bf16
+    assert np.array_equal(out["y"], want)
+    assert compiled.report.lowered.get("fully_connected") == 1
+
+
+def test_matmul_of_two_activations_bit_exact():
+    rng = np.random.default_rng(3)
+    model = build([helper.make_node("MatMul", ["a", "b"], ["y"])], [("a", [2, 5, 7]), ("b", [2, 7, 3])],
+                  [("y", [2, 5, 3])], {})
+    feeds = {"a": rand(rng, (2, 5, 7), 4.0), "b": rand(rng, (2, 7, 3), 0.01)}
+    out, v, compiled = nss(model, feeds)
+    want = np.stack([M.matmul(v["a"][i], v["b"][i]) for i in range(2)])
+    assert np.array_equal(out["y"], want)
+    assert compiled.report.lowered.get("matmul") == 1
+
+
+@pytest.mark.parametrize("op,f", [("Sigmoid", M.sigmoid), ("Tanh", math.tanh), ("Erf", math.erf),
+                                  ("Exp", lambda v: math.exp(v) if v < 88 else math.inf),
+                                  ("Sqrt", lambda v: math.sqrt(v) if v >= 0 else math.nan)])
+def test_act_functions_round_once(op, f):
+    rng = np.random.default_rng(5)
+    model = build([helper.make_node(op, ["x"], ["y"])], [("x", [1, 4, 40, 40])], [("y", [1, 4, 40, 40])], {})
+    x = rand(rng, (1, 4, 40, 40), 3.0)
+    if op == "Sqrt":
+        x = np.abs(x)
+    out, v, compiled = nss(model, {"x": x})        # 6400 outputs: the 65536-entry table path
+    assert np.array_equal(out["y"], M.fn(f, v["x"]), equal_nan=True)
+
+
+def test_elementwise_nodes_round_each_to_bf16():
+    """x / c + y (broadcast), as two ONNX ops: each result rounded to bf16."""
+    rng = np.random.default_rng(6)
+    model = build([helper.make_node("Div", ["x", "c"], ["d"]), helper.make_node("Add", ["d", "y"], ["z"])],
+                  [("x", [2, 3, 4]), ("y", [4])], [("z", [2, 3, 4])], {"c": np.array(3.0)})
+    out, v, _ = nss(model, {"x": rand(rng, (2, 3, 4)), "y": rand(rng, (4,))})
+    d = M.bf16(np.float32(v["x"]) / np.float32(3.0))
+    assert np.array_equal(out["z"], M.bf16(d + v["y"][None, None, :]))
+
+
+@pytest.mark.parametrize("include", [0, 1])
+def test_average_pool_sums_exactly_and_divides_once(include):
+    rng = np.random.default_rng(7)
+    node = helper.make_node("AveragePool", ["x"], ["y"], kernel_shape=[3, 3], strides=[2, 2], pads=[1] * 4,
+                            count_include_pad=include)
+    model = build([node], [("x", [1, 3, 9, 9])], [("y", [1, 3, 5, 5])], {})
+    out, v, compiled = nss(model, {"x": rand(rng, (1, 3, 9, 9), 10.0)})
+    assert np.array_equal(out["y"], M.avgpool(v["x"], (3, 3), (2, 2), (1,) * 4, bool(include)))
+    assert compiled.report.lowered.get("avg_pool2d") == 1
+
+
+def test_reduce_mean_and_max_pool():
+    rng = np.random.default_rng(8)
+    model = build([helper.make_node("ReduceMean", ["x"], ["m"], axes=[2, 3], keepdims=1),
+                   helper.make_node("MaxPool", ["x"], ["p"], kernel_shape=[2, 2], strides=[2, 2])],
+                  [("x", [1, 2, 6, 6])], [("m", [1, 2, 1, 1]), ("p", [1, 2, 3, 3])], {})
+    out, v, _ = nss(model, {"x": rand(rng, (1, 2, 6, 6))})
+    from fractions import Fraction
+    sums = [M.f32(sum((Fraction(float(t)) for t in v["x"][0, c].ravel()), Fraction(0))) for c in range(2)]
+    want = M.bf16([np.float32(s) / np.float32(36) for s in sums]).reshape(1, 2, 1, 1)
+    assert np.array_equal(out["m"], want)
+    assert np.array_equal(out["p"], v["x"].reshape(1, 2, 3, 2, 3, 2).max(axis=(3, 5)))
+
+
+def test_an_injected_fault_is_caught(monkeypatch):
+    """One element of one conv skips its final bf16 rounding: the bit-exact check must fail."""
+    rng = np.random.default_rng(9)
+    model = conv_case(rng, 3, 4, 5, 3, 1, 1, 1, False)
+    x = rand(rng, (1, 3, 5, 5))
+    out, v, _ = nss(model, {"x": x})
+    want = M.conv2d(v["x"], v["w"], v["b"], (1, 1), (1,) * 4)
+    assert np.array_equal(out["y"], want)
+
+    from torq.numerics import bf16_arith
+    real = bf16_arith.exact_finish
+
+    def skip_one_rounding(v64, bound, bias, lo, hi, elem, exact):
+        out = real(v64, bound, bias, lo, hi, elem, exact)
+        unrounded = real(v64, bound, bias, lo, hi, "f32", exact)
+        k = int(np.flatnonzero(unrounded.ravel() != out.ravel())[0])
+        out.reshape(-1)[k] = unrounded.reshape(-1)[k]
+        return out
+    monkeypatch.setattr(bf16_arith, "exact_finish", skip_one_rounding)
+    faulty, _, _ = nss(model, {"x": x})
+    assert np.count_nonzero(faulty["y"] != want) == 1
