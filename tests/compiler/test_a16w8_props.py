@@ -133,3 +133,21 @@ def test_a_fault_in_the_byte_plane_path_is_caught(monkeypatch, fault, target):
     native = [od for od in r.op_diffs if od.mode == "native"]
     assert native and all(od.mismatches > 0 for od in native)       # the direct product disagrees
     assert sum(od.causes.get("other", 0) for od in native) > 0      # and so does ORT
+
+
+@SETTINGS
+@given(st.data(), st.sampled_from(["s8", "s16"]))
+def test_conversions_between_int8_and_int16(data, act):
+    """A tensor ORT converts ("convert" override: Q -> DQ -> Q' -> DQ'): int8 -> int16 becomes a
+    256-entry table of ORT's own recipe, int16 -> int8 the ACT rescale (torq_hl.rescale)."""
+    from onnxruntime.quantization import QuantType
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**16)))
+    c = data.draw(st.integers(1, 8))
+    m = model([helper.make_node("Conv", ["x", "w1"], ["y1"], pads=[1, 1, 1, 1]),
+               helper.make_node("Conv", ["y1", "w2"], ["y"])], [("x", [1, c, 6, 6])], ["y"],
+              {"w1": rng.normal(0, 0.5, (c, c, 3, 3)), "w2": rng.normal(0, 0.5, (c, c, 1, 1))})
+    first, other = (QuantType.QInt8, QuantType.QInt16) if act == "s8" else (QuantType.QInt16, QuantType.QInt8)
+    overrides = {"y1": [{"quant_type": first, "convert": {"quant_type": other}}]}
+    q = quantize(m, {"x": [1, c, 6, 6]}, "qdq", True, act, seed=int(rng.integers(1000)),
+                 TensorQuantOverrides=overrides)
+    check(q, "table" if act == "s8" else "rescale")

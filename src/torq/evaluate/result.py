@@ -26,6 +26,7 @@ class EvalResult:
     sqnr: list = field(default_factory=list)
     lsb: Counter = field(default_factory=Counter)      # NSS − ORT int8 logits, in LSB
     ort_margin: np.ndarray | None = None               # ORT int8 top-1 − top-2 logit (LSB)
+    precision: dict = field(default_factory=dict)      # quantize.sensitivity.precision_summary
     _ort_logits: dict = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -34,7 +35,8 @@ class EvalResult:
         settings = {"preprocess": opts.preprocess.describe(), "batch": opts.batch, "rounding": opts.rounding,
                     "per_channel": opts.per_channel, "calibrate_method": opts.calibrate_method,
                     "bias_correction": opts.bias_correction, "equalize": opts.equalize,
-                    "exact_scales": opts.exact_scales,
+                    "exact_scales": opts.exact_scales, "precision": opts.precision,
+                    "accuracy_budget": opts.accuracy_budget if opts.precision == "auto" else None,
                     "onnx_reference": opts.onnx_reference,
                     "calibration": opts.calibration or f"split of {opts.calibration_split}",
                     "calibration_images": min(calib_images, opts.num_calib), "classes": classes}
@@ -119,6 +121,8 @@ class EvalResult:
             out["ort_margin_lsb_counts"] = {str(k): int(v) for k, v in zip(
                 *np.unique(np.minimum(self.ort_margin, 16), return_counts=True))}
         out["images_per_s"] = {p: self.images_per_s(p) for p in self.paths}
+        if self.precision:
+            out["precision"] = self.precision
         out["sqnr_db"] = [{"tensor": s["tensor"], "sqnr_db": _finite(s["sqnr_db"])} for s in self.sqnr]
         out["lsb_diff_nss_vs_ort"] = {str(k): v for k, v in sorted(self.lsb.items())}
         if per_image:

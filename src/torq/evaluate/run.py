@@ -46,6 +46,11 @@ class EvalOptions:
     exact_scales: bool = True              # quantize.exact_scales
     ray: str | bool | None = None          # Ray cluster address, True = a local instance
     progress: bool = True
+    # Activation precision per layer (quantize.precision): "int8", "int16" (every layer), a
+    # {node: "int16"} dict, or "auto": chosen by measurement on the calibration images within
+    # accuracy_budget top-1 points of FP32 on a held-apart third of them (quantize.auto_precision).
+    precision: str | dict = "int8"
+    accuracy_budget: float = 0.5
 
 
 class DatasetReader(CalibrationDataReader):
@@ -124,15 +129,38 @@ def prepare(model_path, data: Dataset, calib: Dataset, opts: EvalOptions):
     if opts.bias_correction:
         from ..quantize.bias_correction import correct_bias
         to_quantize = correct_bias(to_quantize, reader, per_channel=opts.per_channel)
-    q = quantize(to_quantize, calibration_data_reader=reader, per_channel=opts.per_channel,
-                 full_integer=True, calibrate_method=opts.calibrate_method)
-    if opts.exact_scales:
-        from ..quantize.exact_scales import exact_scales
-        q = exact_scales(q, to_quantize)
+    q = _quantize(to_quantize, reader, opts)
     probe = OrtEngine(fp32)(opts.preprocess.batch([data.load(0)], shape, name))
     classes = int(np.prod(probe.shape[1:]))
     data.check_classes(classes)
     return fp32, q, name, shape, classes, reference
+
+
+def _quantize(to_quantize, reader, opts: EvalOptions):
+    """The full-integer model of ``to_quantize`` at ``opts.precision`` (exact scales after);
+    "auto" chooses the int16 layers first (``quantize.auto_precision``) and stamps its report
+    on the model (``precision.stamp``)."""
+    from ..quantize import quantize
+    from ..quantize.precision import stamp
+
+    def make(precision, reader, full_integer=True):
+        q = quantize(to_quantize, calibration_data_reader=reader, per_channel=opts.per_channel,
+                     full_integer=full_integer, calibrate_method=opts.calibrate_method,
+                     quant_dtype="A16W8" if precision == "int16" else "A8W8",
+                     precision=precision if isinstance(precision, dict) else None)
+        if opts.exact_scales:
+            from ..quantize.exact_scales import exact_scales
+            q = exact_scales(q, to_quantize)
+        return q
+    if opts.precision != "auto":
+        return make(opts.precision, reader)
+    from ..quantize.auto_precision import choose, split_holdout
+    from ..quantize.calibration import ArrayDataReader
+    from ..quantize.sensitivity import samples_of
+    calib, hold = split_holdout(samples_of(reader))
+    chosen = choose(to_quantize, lambda p: make(p, ArrayDataReader(calib), False), calib, hold,
+                    opts.accuracy_budget)
+    return stamp(make(chosen.precision, ArrayDataReader(calib)), chosen.to_json())
 
 
 def batches(data: Dataset, opts: EvalOptions, name: str, shape):
@@ -158,6 +186,8 @@ def evaluate(model, dataset, *, preprocess: str | Preprocess | None = None, opti
     fp32, q, name, shape, classes, reference = prepare(model, data, calib, opts)
     qin = io_quant_params(q)["inputs"][name]
     result = EvalResult.start(model, data, opts, classes, len(calib))
+    from ..quantize.sensitivity import precision_summary
+    result.precision = precision_summary(fp32, q)
     _run_ort_paths(result, data, opts, (fp32, reference), q, name, shape, qin)
     _run_nss_path(result, data, opts, q, name, shape, qin)
     result.finish()
@@ -172,7 +202,7 @@ def _run_ort_paths(result, data, opts, fp32_models, q, name, shape, qin) -> None
     sqnr = metrics.LayerSqnr(reference, q) if opts.sqnr_images else None
     with result.progress("FP32 + INT8 (ORT)", len(data), opts.progress) as advance:
         for start, x in batches(data, opts, name, shape):
-            xq = quantize_input(x, qin["scale"], qin["zero_point"])
+            xq = quantize_input(x, qin["scale"], qin["zero_point"], qin.get("dtype", "int8"))
             for path, engine in engines.items():
                 t0 = time.perf_counter()
                 out = engine(x if path == "fp32" else xq)
@@ -197,7 +227,7 @@ def _run_nss_path(result, data, opts, q, name, shape, qin) -> None:
             if item is None:
                 return
             start, x = item
-            xq = quantize_input(x, qin["scale"], qin["zero_point"])
+            xq = quantize_input(x, qin["scale"], qin["zero_point"], qin.get("dtype", "int8"))
             feeding[0] += time.perf_counter() - t0
             yield start, xq
 

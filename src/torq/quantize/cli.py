@@ -62,7 +62,45 @@ def register(sub) -> None:
                    help="fold BatchNorm into the Convs, then cross-layer equalization (rescale consecutive "
                         "Conv → Relu/ReLU6 → Conv channel pairs to equal weight ranges; exact on the "
                         "calibration data) before quantizing")
+    q.add_argument("--precision", default="int8", metavar="{int8,int16,auto,NODE=int16,...}",
+                   help="activation precision per layer: int8 (default), int16 (every layer, as A16W8), "
+                        "NODE=int16[,NODE=int16...] (those nodes, by ONNX name), or auto: the fewest int16 "
+                        "layers by MACs that keep top-1 within --accuracy-budget of FP32 on held-apart "
+                        "calibration samples (needs --calibration-data; writes <output>.precision.json; "
+                        "docs/mixed-precision.md)")
+    q.add_argument("--accuracy-budget", type=float, default=0.5, metavar="POINTS",
+                   help="with --precision auto: allowed top-1 disagreement with FP32 on the held-apart "
+                        "calibration samples, in percentage points (default 0.5)")
+    q.add_argument("--holdout", type=int, metavar="N",
+                   help="with --precision auto: calibration samples held apart for the budget (default a third)")
     q.set_defaults(func=_cmd_quantize)
+
+
+def _auto(model: Path, out: Path, fp32, args, kwargs):
+    """--precision auto: choose by measurement (quantize.auto_precision), write the choice."""
+    import json
+
+    from rich.console import Console
+
+    from ..fileio import atomic_write_text
+    from .auto_precision import auto_quantize
+    from .calibration import make_reader
+    from .sensitivity import samples_of
+    if not args.calibration_data:
+        raise TorqError("--precision auto needs real calibration data (--calibration-data): the choice is "
+                        "measured against FP32 on held-apart samples")
+    samples = samples_of(make_reader(fp32, calibration_data=args.calibration_data, num_calib=args.num_calib))
+    with Console(stderr=True).status(f"Choosing precisions for {model.name} ...") as status:
+        q, result = auto_quantize(model, samples, args.accuracy_budget, args.holdout, output=out,
+                                  progress=lambda msg: status.update(f"{model.name}: {msg}"), **kwargs)
+    report = out.with_name(out.stem + ".precision.json")
+    atomic_write_text(report, json.dumps(result.to_json(), indent=1) + "\n")
+    verdict = "within" if result.met else "NOT within"
+    print(f"torq-gen-config quantize: --precision auto: {len(result.precision)} int16 layers, "
+          f"{100 * result.int8_mac_share:.1f} % of MACs in int8; top-1 disagreement with FP32 "
+          f"{result.disagreement:.2f} points on {result.holdout_images} held-apart samples ({verdict} "
+          f"the budget {args.accuracy_budget:g}); per layer: {report}")
+    return q
 
 
 def default_output(model: Path) -> Path:
@@ -80,16 +118,22 @@ def _cmd_quantize(args) -> int:
     if model.exists() and out.exists() and out.resolve() == model.resolve():
         raise TorqError(f"--output {out} would overwrite the input model; choose another path")
     fp32 = load_model(model)  # validate before the spinner; also the "before" of the summary
-    from rich.console import Console
-    with Console(stderr=True).status(f"Calibrating and quantizing {model.name} ..."):
-        q = quantize(model, out, calibration_data=args.calibration_data, num_calib=args.num_calib,
-                     per_channel=args.per_channel, full_integer=args.full_integer,
-                     quant_format=args.quant_format, quant_dtype=args.quant_dtype,
-                     calibrate_method=args.calibrate_method, equalize=args.equalize,
-                     exact_scales=args.exact_scales)
+    from .precision import parse_precision
+    precision = parse_precision(args.precision)
+    quant_dtype = "A16W8" if precision == "int16" else args.quant_dtype
+    kwargs = dict(per_channel=args.per_channel, full_integer=args.full_integer, quant_format=args.quant_format,
+                  quant_dtype=quant_dtype, calibrate_method=args.calibrate_method, equalize=args.equalize,
+                  exact_scales=args.exact_scales)
+    if precision == "auto":
+        q = _auto(model, out, fp32, args, kwargs)
+    else:
+        from rich.console import Console
+        with Console(stderr=True).status(f"Calibrating and quantizing {model.name} ..."):
+            q = quantize(model, out, calibration_data=args.calibration_data, num_calib=args.num_calib,
+                         precision=precision if isinstance(precision, dict) else None, **kwargs)
     calib = f"{args.calibration_data} (first {args.num_calib})" if args.calibration_data \
         else f"synthetic x{args.num_calib}"
-    settings = (f"{args.quant_dtype.upper()}, per-channel={args.per_channel}, "
+    settings = (f"{quant_dtype.upper()}, precision={args.precision}, per-channel={args.per_channel}, "
                 f"full-integer={args.full_integer}, calibration={calib}, "
                 f"method={args.calibrate_method.lower()}{', equalized' if args.equalize else ''}"
                 f"{', exact scales' if args.exact_scales else ''}")

@@ -141,16 +141,23 @@ def _rewind(reader) -> None:
 
 
 def _run_ort(tmp: Path, reader, fmt, per_channel, activation_type, weight_type, method,
-             where: str) -> onnx.ModelProto:
-    """One quantize_static call on tmp/pre.onnx; any ORT failure becomes a one-line TorqError."""
+             where: str, precision=None) -> onnx.ModelProto:
+    """One quantize_static call on tmp/pre.onnx; any ORT failure becomes a one-line TorqError.
+    ``precision``: {node: "int8" | "int16"} (``precision.tensor_overrides``), QDQ only."""
+    extra = {"ForceQuantizeNoInputCheck": fmt == QuantFormat.QDQ}
+    if precision:
+        from .precision import tensor_overrides
+        default = "int16" if activation_type == QuantType.QInt16 else "int8"
+        overrides = tensor_overrides(onnx.load(str(tmp / "pre.onnx")), precision, default)
+        if overrides:
+            extra["TensorQuantOverrides"] = overrides
     try:
         with _quiet(), np.errstate(all="raise"):
             quantize_static(
                 str(tmp / "pre.onnx"), str(tmp / "int8.onnx"), reader,
                 quant_format=fmt, per_channel=bool(per_channel),
                 activation_type=activation_type, weight_type=weight_type,
-                calibrate_method=method,
-                extra_options={"ForceQuantizeNoInputCheck": fmt == QuantFormat.QDQ})
+                calibrate_method=method, extra_options=extra)
     except TorqError:
         raise
     except Exception as e:
@@ -192,7 +199,7 @@ def quantize(model: str | os.PathLike | onnx.ModelProto, output: str | os.PathLi
              num_calib: int = 20, per_channel: bool = False, full_integer: bool = False,
              quant_format: str = "qdq", quant_dtype: str = "A8W8",
              calibrate_method: str = "minmax", wrap_lone_ops: bool = False,
-             equalize: bool = False, exact_scales: bool = False) -> onnx.ModelProto:
+             equalize: bool = False, exact_scales: bool = False, precision=None) -> onnx.ModelProto:
     """Statically quantize an fp32 ONNX model to int8 and return it (also written to ``output``).
 
     Calibration: ``calibration_data_reader`` (an ORT CalibrationDataReader, used as is), else
@@ -203,21 +210,27 @@ def quantize(model: str | os.PathLike | onnx.ModelProto, output: str | os.PathLi
     ``equalize``: fold BatchNorm/Pad into the Convs, zero dead channels, then cross-layer
     equalization on the calibration data before quantizing (``equalize.py``).
     ``exact_scales`` (QDQ): weight scales moved (≤ 5 %) so that ORT's float requantization is
-    exact, which makes the NPU's native rounding bit-exact with ORT (``exact_scales.py``)."""
+    exact, which makes the NPU's native rounding bit-exact with ORT (``exact_scales.py``).
+    ``precision``: {node name: "int8" | "int16"}, a mixed-precision model (QDQ; ``precision.py``)."""
     # Validate every flag before the (slow) model work so a typo fails fast.
     activation_type, weight_type = parse_quant_dtype(quant_dtype)
     method = parse_calibrate_method(calibrate_method)
     parse_quant_format(quant_format)
     src = fold_constant_identities(load_model(model))   # ORT's quantizers crash on shared weights
+    if precision:
+        from .precision import check_precision, name_nodes
+        src = name_nodes(src)
+        check_precision(src, precision, str(model) if not isinstance(model, onnx.ModelProto) else "model")
     where = str(model) if not isinstance(model, onnx.ModelProto) else "model"
     validate(src, where, min_opset=7)   # ORT runs opsets >= 7 (and upgrades them to 11)
     if is_quantized(src):
         raise TorqError(f"{where}: model is already quantized (it has QuantizeLinear/DequantizeLinear, "
                         "QLinear* ops or int8 weights/IO); pass the fp32 model")
     fmt = resolve_format(src, quant_format)
-    if activation_type == QuantType.QInt16:
+    if activation_type == QuantType.QInt16 or precision:
         if parse_quant_format(quant_format) == "qoperator":
-            raise TorqError(f"--quant-dtype {quant_dtype.upper()} needs --quant-format qdq: ONNX Runtime "
+            what = f"--quant-dtype {quant_dtype.upper()}" if activation_type == QuantType.QInt16 else "--precision int16"
+            raise TorqError(f"{what} needs --quant-format qdq: ONNX Runtime "
                             "quantizes 16-bit activations in QDQ form only")
         fmt = QuantFormat.QDQ
     reader = make_reader(src, calibration_data_reader=calibration_data_reader,
@@ -231,14 +244,14 @@ def quantize(model: str | os.PathLike | onnx.ModelProto, output: str | os.PathLi
         tmp = Path(tmp)
         onnx.save(src, str(tmp / "fp32.onnx"))
         _preprocess(tmp / "fp32.onnx", tmp / "pre.onnx")
-        q = _run_ort(tmp, reader, fmt, per_channel, activation_type, weight_type, method, where)
+        q = _run_ort(tmp, reader, fmt, per_channel, activation_type, weight_type, method, where, precision)
         if not is_quantized(q) and parse_quant_format(quant_format) == "hybrid" \
                 and fmt == QuantFormat.QOperator:
             # ORT's QOperator form only quantizes MaxPool/Relu/... behind an already quantized
             # op; a model made only of such ops stays fp32 there, so hybrid falls back to QDQ.
             _rewind(reader)
             fmt = QuantFormat.QDQ
-            q = _run_ort(tmp, reader, fmt, per_channel, activation_type, weight_type, method, where)
+            q = _run_ort(tmp, reader, fmt, per_channel, activation_type, weight_type, method, where, precision)
     if fmt == QuantFormat.QOperator and is_quantized(q):
         from .islands import quantize_islands
         _rewind(reader)
