@@ -4,7 +4,7 @@
     python benchmarks/compile_speed.py --models densenet121 --flags qdq --rounds 5
     python benchmarks/compile_speed.py --baseline /path/to/other/checkout/src   # before/after table
 
-Each model × flag set is quantized once (cached next to the fp32 export as benchmarks/zoo.py does:
+Each model × flag set is quantized once (cached next to the fp32 export as benchmarks/torchvision_zoo.py does:
 `build/zoo/<model>.<flags>.onnx`) and then compiled in its own child process: one untimed
 warm-up compile of a small model (imports, numba caches), then `--rounds` compiles of the model,
 each followed by an ONNX Runtime InferenceSession on the same file (its own "compile"). Stages
@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from zoo import BUILD, FLAGS, NUM_CALIB, export  # noqa: E402 - the zoo's exports and flag sets
+from torchvision_zoo import BUILD, FLAGS, NUM_CALIB, export  # noqa: E402 - the zoo's exports and flag sets
 
 CNNS = ["resnet18", "resnet50", "mobilenet_v2", "mobilenet_v3_small", "mobilenet_v3_large",
         "efficientnet_b0", "squeezenet1_1", "googlenet", "densenet121", "shufflenet_v2_x1_0"]

@@ -5,7 +5,7 @@ stay on the CSS/HOST).
     python benchmarks/vit_segments.py                     # encoder layer 0, the three flag sets
     python benchmarks/vit_segments.py --layer 11 --flags qop
 
-Uses `benchmarks/zoo.py`'s cached export and quantized models (`build/zoo/vit_b_16.<flags>.onnx`,
+Uses `benchmarks/torchvision_zoo.py`'s cached export and quantized models (`build/zoo/vit_b_16.<flags>.onnx`,
 made on first use; needs the optional `zoo` extra). Each segment is cut out of the quantized
 model with `torq.graph.extract_segment` between a LayerNorm / Softmax and the next one:
 
@@ -26,7 +26,7 @@ from pathlib import Path
 import onnx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import zoo  # noqa: E402 - the sibling benchmark: export + quantize cache
+import torchvision_zoo as zoo  # noqa: E402 - the sibling benchmark: export + quantize cache
 
 
 def _segments(nodes, layer: int) -> dict[str, tuple[int, int]]:
@@ -64,7 +64,7 @@ def run(flags: str, layer: int, build: Path) -> list[dict]:
     from torq.graph import extract_segment
     from torq.verify import verify
     qpath = build / f"vit_b_16.{flags}.onnx"
-    if not qpath.exists():                           # zoo.py's export and quantization, cached alike
+    if not qpath.exists():                           # torchvision_zoo.py's export and quantization, cached alike
         torq.quantize(str(zoo.export("vit_b_16", build)), str(qpath), num_calib=zoo.NUM_CALIB, **zoo.FLAGS[flags])
     q = onnx.load(str(qpath))
     nodes = [n for n in q.graph.node if n.op_type != "Constant"]

@@ -1,7 +1,9 @@
 """Shared CLI plumbing: one-line errors, no tracebacks, distinct exit codes.
 
 Every error path prints exactly one line on stderr: our own TorqError, a numpy warning that
-escalated, an internal bug (unless TORQ_DEBUG=1), ^C, or a closed stdout pipe (`| head`)."""
+escalated, an internal bug (unless TORQ_DEBUG=1), ^C, or a closed stdout pipe (`| head`).
+May import: torq.errors.
+"""
 from __future__ import annotations
 
 import argparse

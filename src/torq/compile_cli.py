@@ -1,4 +1,6 @@
-"""torq-compile: quantized ONNX -> torch-mlir -> linalg -> torq_hl -> Program, and proof against ONNX Runtime."""
+"""torq-compile: quantized ONNX -> torch-mlir -> linalg -> torq_hl -> Program, and proof against ONNX Runtime.
+May import: torq.compiled, torq.compiler, torq.verify, torq.cli_util, torq.errors, torq.fileio.
+"""
 from __future__ import annotations
 
 import argparse

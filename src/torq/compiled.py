@@ -3,6 +3,7 @@
 The compiler stops at a `Program` (it never imports the runtime); this subclass, above both,
 adds `run`. One `Simulator` is kept per compiled model, so weight plans and lookup tables are
 built once and reused across runs.
+May import: torq.compiler, torq.runtime.
 """
 from __future__ import annotations
 

@@ -2,7 +2,9 @@
 
 Each step is one function taking the output folder and returning what it produced: quantize,
 compile + verify against ONNX Runtime, then the user workflow: discover the per-layer executor
-map (NSS / CSS / HOST) and run the whole model with it."""
+map (NSS / CSS / HOST) and run the whole model with it.
+May import: torq.examples, torq.quantize, torq.compiled, torq.verify, torq.gen_config, torq.graph, torq.cli_util.
+"""
 from __future__ import annotations
 
 import sys

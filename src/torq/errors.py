@@ -1,6 +1,8 @@
 """One exception type for problems the user can fix (bad file, bad flag, unsupported node).
 
-CLIs print it as a single line and exit non-zero; anything else is a bug in torq."""
+CLIs print it as a single line and exit non-zero; anything else is a bug in torq.
+May import: nothing from torq.
+"""
 from __future__ import annotations
 
 

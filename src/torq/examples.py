@@ -1,7 +1,9 @@
 """Built-in example models, built with onnx.helper from seeded numpy weights.
 
 They exist so that the demo, the tests and the benchmarks need no download and no torch:
-every call returns the same bytes (fixed seeds, fixed names, opset 17)."""
+every call returns the same bytes (fixed seeds, fixed names, opset 17).
+May import: torq.fileio.
+"""
 from __future__ import annotations
 
 import os

@@ -1,4 +1,6 @@
-"""Atomic output: every file torq writes appears complete or not at all (temp file + rename)."""
+"""Atomic output: every file torq writes appears complete or not at all (temp file + rename).
+May import: nothing from torq.
+"""
 from __future__ import annotations
 
 import json

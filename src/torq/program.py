@@ -12,6 +12,7 @@ anywhere numpy does.
 manifest (``__manifest__``) holding the rest; ``Program.load(path)`` reads it back. The manifest
 carries ``FORMAT_VERSION``; another version, or a file that is not a program, is a one-line
 TorqError naming the file.
+May import: torq.isa, torq.numerics, torq.errors, torq.fileio (never the compiler, MLIR or ONNX Runtime).
 """
 from __future__ import annotations
 
@@ -26,19 +27,15 @@ import numpy as np
 
 from . import numerics
 from .errors import TorqError
+from .isa import ELEMENT_TYPES
 
 FORMAT = "torq-program"
 FORMAT_VERSION = 1
 
-# Element types as MLIR spells them -> the numpy dtype that holds them (bf16 lives in float32).
-DTYPES = {"i1": np.bool_, "i8": np.int8, "i16": np.int16, "i32": np.int32, "i64": np.int64,
-          "ui8": np.uint8, "f32": np.float32, "f64": np.float64, "bf16": np.float32, "f16": np.float16}
-
-
 def np_dtype(elem: str):
     """numpy dtype of an MLIR element type name ("i8", "bf16", ...)."""
     try:
-        return np.dtype(DTYPES[elem])
+        return np.dtype(ELEMENT_TYPES[elem])
     except KeyError:
         raise TorqError(f"element type {elem!r} is not supported by the runtime") from None
 

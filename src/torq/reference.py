@@ -4,6 +4,7 @@
 On x86, ORT leaves QDQ convs/matmuls with int8 activations in fp32 unless
 `session.qdqisint8allowed=1` (research numerics-proto §0); with it, every quantized op runs in
 ORT's integer kernels, which our `ort` rounding mode reproduces bit for bit.
+May import: torq.errors, and ONNX Runtime.
 """
 from __future__ import annotations
 
@@ -62,25 +63,3 @@ def run(model: onnx.ModelProto, inputs: dict[str, np.ndarray], sess=None) -> dic
         return dict(zip(names, sess.run(names, inputs)))
     except Exception as e:  # noqa: BLE001 - ORT refuses the model's values at run time
         raise TorqError(f"ONNX Runtime cannot run the model: {one_line(e)}") from None
-
-
-_NP = {"tensor(int8)": np.int8, "tensor(uint8)": np.uint8, "tensor(float)": np.float32,
-       "tensor(int32)": np.int32, "tensor(int16)": np.int16}
-
-
-def random_inputs(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
-    """Random inputs of the model's I/O types: full-range integers, uniform [-1, 1) floats."""
-    sess = session(model)
-    rng = np.random.default_rng(seed)
-    out = {}
-    for i in sess.get_inputs():
-        shape = [d if isinstance(d, int) and d > 0 else 1 for d in i.shape]
-        dt = _NP.get(i.type)
-        if dt is None:
-            raise TorqError(f"input {i.name!r} has unsupported type {i.type}")
-        if np.issubdtype(dt, np.integer):
-            info = np.iinfo(dt)
-            out[i.name] = rng.integers(info.min, info.max + 1, shape).astype(dt)
-        else:
-            out[i.name] = rng.uniform(-1, 1, shape).astype(dt)
-    return out

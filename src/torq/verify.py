@@ -2,6 +2,7 @@
 
 Per output |Δ| in LSB, and per rescaling op how the native NPU rounding differs from ORT's on
 the very same inputs, and why (tie / near-tie / other).
+May import: torq.reference, torq.runtime, torq.graph.
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import numerics, reference
+from .graph.inputs import random_inputs
 from .runtime.nss import Simulator
 
 
@@ -72,7 +74,7 @@ def verify(compiled, seed: int = 0, modes=("native", "ort"), inputs=None) -> Ver
     """Run NSS (each rounding mode) and ORT on the same random inputs and compare, whole model
     and op by op (the per-op checks judge the outputs the simulator executed; an int16 op writing
     a graph output is judged against ORT's own output there)."""
-    inputs = inputs if inputs is not None else reference.random_inputs(compiled.model, seed)
+    inputs = inputs if inputs is not None else random_inputs(compiled.model, seed)
     ref = reference.run(compiled.model, inputs)
     program = compiled.program
     wide = float_steps(program)

@@ -12,6 +12,7 @@ The last conv of every residual branch is scaled down so that activations stay O
 whole depth instead of growing with every residual Add.
 
 Every call with the same arguments returns the same bytes (opset 17, IR 8, float32, no torch).
+May import: nothing from torq.
 """
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ from onnx import helper
 from qmodels import model, quantize
 from torq.compiler import compile as torq_compile
 from torq.verify import verify
-from torq.graph.fold import fold_constant_identities
+from torq.graph.unshare_weights import fold_constant_identities
 
 SETTINGS = settings(max_examples=5, deadline=None, derandomize=True, phases=[Phase.explicit, Phase.generate],
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

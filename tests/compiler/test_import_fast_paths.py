@@ -8,6 +8,7 @@
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 import sys
@@ -19,11 +20,9 @@ from hypothesis import strategies as st
 from onnx import helper
 
 from qmodels import conv_relu_pool_model, model, quantize, reshape_subgraph_model
-from torq.compiler import importer, lowering, torq_hl
+from torq.compiler import importer, lowering, pipeline, torq_hl
 from torq.compiler import linalg_view as L
-from torq.compiler.frontend import signedness
 from torq.compiler.frontend.canonicalize import canonicalize
-from torq.compiler.frontend.specialise import specialise_dynamic_dims
 
 
 def _batchnorm_after_concat():
@@ -51,8 +50,8 @@ MODELS = {
 
 
 def _prepared(m):
-    """The ONNX model as `torq.compile` hands it to the importer."""
-    return signedness.to_int8(canonicalize(specialise_dynamic_dims(m)))[0]
+    """The ONNX model as `torq.compile` hands it to the importer (the shipped front end)."""
+    return pipeline.front_end(m)[0]
 
 
 def _linalg(imported, torch_pipeline: str | None) -> str:
@@ -159,9 +158,9 @@ def test_recording_is_ignored_for_another_op():
     assert np.array_equal(torq_hl.op_attrs(table, fake)["table"], torq_hl.op_attrs(table)["table"])
 
 
-def test_lowering_makes_no_failed_dialect_imports():
-    """MLIR's bindings look up a Python module for each op's dialect and cache only a success;
-    torq_hl's is this package's module, so no op triggers an import attempt."""
+@contextlib.contextmanager
+def _module_lookups():
+    """Names of every module import attempted inside the block (successful or not)."""
     looked_up = []
 
     class Spy:
@@ -169,13 +168,37 @@ def test_lowering_makes_no_failed_dialect_imports():
             looked_up.append(name)
             return None
 
-    m = _batchnorm_after_concat()
     sys.meta_path.insert(0, Spy())
     try:
-        _lowered(m, False)
+        yield looked_up
     finally:
         sys.meta_path.pop(0)
+
+
+def test_lowering_makes_no_failed_dialect_imports():
+    """MLIR's bindings look up a Python module for each op's dialect and cache only a success;
+    torq_hl's is this package's module, so no op triggers an import attempt."""
+    m = _batchnorm_after_concat()
+    with _module_lookups() as looked_up:
+        _, _, report = _lowered(m, False)
+    assert report.lowered                                  # torq_hl ops were made and wrapped
     assert not [n for n in looked_up if n.endswith("torq_hl")], looked_up[:5]
+
+
+def test_the_spy_sees_a_dialect_without_a_module():
+    """Positive control for the test above: an op of a dialect with no Python module (a one-op
+    IRDL dialect) is looked up when the bindings wrap it, and the spy sees that lookup."""
+    from torch_mlir import ir
+    from torch_mlir.dialects import irdl
+    ctx = importer.new_context()
+    with ctx, ir.Location.unknown():
+        irdl.load_dialects(ir.Module.parse(
+            "irdl.dialect @torq_probe {\n irdl.operation @nop {\n %0 = irdl.any\n irdl.results(r: %0)\n }\n}"))
+        module = ir.Module.parse('func.func @f() -> i8 {\n %0 = "torq_probe.nop"() : () -> i8\n return %0 : i8\n}')
+        with _module_lookups() as looked_up:
+            names = [op.name for op in lowering.func_ops(module)]
+    assert names == ["torq_probe.nop", "func.return"]
+    assert [n for n in looked_up if n.endswith("torq_probe")]
 
 
 @settings(max_examples=200, deadline=None, derandomize=True)

@@ -15,7 +15,7 @@ from qmodels import conv_model, model, quantize
 from torq import compile
 from torq import compile as torq_compile
 from torq.verify import verify
-from torq.reference import random_inputs
+from torq.graph.inputs import random_inputs
 
 SETTINGS = settings(max_examples=30, deadline=None, derandomize=True,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -219,7 +219,7 @@ def test_float_io_uses_the_quantize_dequantize_fallback(fmt):
     r = verify(c)
     assert all(o.exact for o in r.outputs if o.mode == "ort"), r.outputs
     from torq import reference
-    x = reference.random_inputs(q, 0)
+    x = random_inputs(q, 0)
     ref = reference.run(q, x)["y"]
     nat = c.run(x, rounding="native")["y"]
     # native: bf16 arithmetic (8-bit mantissa) in the input Q and the output DQ sequences. The DQ

@@ -3,16 +3,15 @@ the equalized int8 model, and the per-layer SQNR compares tensors that line up."
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
-import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from torq.gen_config.cli import main
 
-FMNIST = Path("/usr/share/datasets/fashion-mnist")          # Debian dataset-fashion-mnist
-TRAIN, TEST = FMNIST / "train-images-idx3-ubyte.gz", FMNIST / "t10k-images-idx3-ubyte.gz"
+from .conftest import need_fmnist
+from .fmnist_probe import TEST, TRAIN
+
 
 
 def _skewed_cnn(path):
@@ -44,8 +43,7 @@ def _skewed_cnn(path):
 
 
 def test_evaluate_equalize(tmp_path, capsys):
-    if not TRAIN.exists():
-        pytest.skip("Debian package dataset-fashion-mnist is not installed (apt-get install -y dataset-fashion-mnist)")
+    need_fmnist()
     model = _skewed_cnn(tmp_path / "skewed.onnx")
     reports = {}
     for flag in (["--no-equalize", "--no-bias-correction"], []):     # CLE + bias correction are the default

@@ -166,7 +166,7 @@ def test_read_only_output_dir(done, tmp_path, capsys):
         return
     src = Path(__file__).resolve().parents[2] / "src"
     if not _readable_by_nobody(src / "torq" / "gen_config"):
-        pytest.skip(f"{src} is not readable by uid {NOBODY}")
+        pytest.skip(f"{src} is not readable by uid {NOBODY} (chmod -R o+rX the checkout)")
     base = Path(tempfile.mkdtemp(prefix="torq-ro-"))
     try:
         base.chmod(0o755)
@@ -216,7 +216,7 @@ def test_html_in_headless_chromium(done, tmp_path):
     assert "<script" not in text and "http" not in text.split("<body>")[1]   # self-contained
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
     if browser is None:
-        pytest.skip("chromium is not installed (.ci/run installs it)")
+        pytest.skip("chromium is not installed (make test installs it where apt-get may: apt-get install -y chromium)")
     dom = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom", page.as_uri()],
                          capture_output=True, text=True, timeout=120).stdout
     assert dom.count("<tr>") >= 12 and "Conv_dwconv" in dom and "background:#c8f7c5" in dom

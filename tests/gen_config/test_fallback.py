@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from torq.gen_config import executors as X
-from torq.gen_config.compare import random_inputs
+from torq.graph.inputs import random_inputs
 from torq import reference
 
 from .conftest import cli, conv_chain
@@ -65,7 +65,7 @@ def test_iree_executors_bit_exact_on_a_layer_nss_refuses(tmp_path, executor):
     with pytest.raises(X.ExecutorError) as e:
         X.build("nss", compiled)
     assert e.value.reason_code == "no_pattern"
-    x = random_inputs(q, 3)
+    x = random_inputs(q, 3, float_range=40.0)   # the per-layer feed range (gen_config.layer_test)
     outs, ms = X.build(executor, compiled).run(x)
     ref = reference.run(q, x)
     assert np.array_equal(outs["mid"], ref["mid"]) and ms >= 0

@@ -9,7 +9,9 @@ from onnx import TensorProto, helper
 
 from torq.errors import TorqError
 from torq.gen_config import mapping, schema
-from torq.gen_config.compare import compare, random_inputs
+from torq.gen_config.compare import compare
+from torq.gen_config.layer_test import LAYER_INPUT_RANGE
+from torq.graph.inputs import random_inputs
 from torq.quantize import quantize
 from torq import reference
 
@@ -36,7 +38,7 @@ def test_lone_op_wrapped_lowers_on_nss_bit_exact(op, fmt):
     assert q.graph.input[0].type.tensor_type.elem_type == TensorProto.INT8
     compiled = torq.compile(q)
     assert not compiled.report.unsupported
-    x = reference.random_inputs(q, 1)
+    x = random_inputs(q, 1)
     assert np.array_equal(compiled.run(x, rounding="ort")["y"], reference.run(q, x)["y"])
 
 
@@ -75,9 +77,9 @@ def test_compare_dequantized_float_outputs_in_lsb():
 
 def test_random_inputs_ranges():
     m = _single("Relu")
-    x = random_inputs(m, 0)["x"]
+    x = random_inputs(m, 0, LAYER_INPUT_RANGE)["x"]
     assert x.dtype == np.float32 and x.min() >= -40 and x.max() < 40 and x.std() > 15
-    assert np.array_equal(x, random_inputs(m, 0)["x"])
+    assert np.array_equal(x, random_inputs(m, 0, LAYER_INPUT_RANGE)["x"])
 
 
 def test_lcs_alignment_drops_fused_ops():

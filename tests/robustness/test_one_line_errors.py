@@ -1,14 +1,17 @@
 """Both CLIs print exactly one stderr line on error: escaped names, ORT and numpy quiet, `| head` clean."""
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+import torq
 from robustness.mutants import nodes, qconv, set_attr
 from torq.errors import one_line, quote
 
@@ -110,3 +113,17 @@ def test_broken_pipe_is_a_clean_exit(module, tmp_path):
     p.stdout.close()
     err = p.stderr.read().decode()
     assert p.wait(timeout=300) == 0 and err == ""
+
+
+_HAND_MADE = re.compile(r"""["']\s?["']\.join\(str\(e\)\.split\(\)\)|str\(e\)\.splitlines\(\)\[""")
+
+
+def test_one_line_text_has_one_home():
+    """Error text is made one line by `errors.one_line` only (a hand-written copy drifts: no
+    "...", an IndexError on an empty message, a list printed as text)."""
+    src = Path(torq.__file__).parent
+    bad = [f"{p.relative_to(src)}:{i}" for p in src.rglob("*.py") if p.name != "errors.py"
+           for i, line in enumerate(p.read_text().splitlines(), 1) if _HAND_MADE.search(line)]
+    assert not bad
+    assert _HAND_MADE.search("""raise X(f"{' '.join(str(e).split())[:200]}")""")   # the scan can fail
+    assert _HAND_MADE.search("""f"{str(e).splitlines()[0]}" """)

@@ -164,9 +164,9 @@ def test_an_injected_fault_is_caught(monkeypatch):
     from torq.numerics import bf16_arith
     real = bf16_arith.exact_finish
 
-    def skip_one_rounding(v64, bound, bias, lo, hi, elem, exact):
-        out = real(v64, bound, bias, lo, hi, elem, exact)
-        unrounded = real(v64, bound, bias, lo, hi, "f32", exact)
+    def skip_one_rounding(v64, bound, bias, lo, hi, elem, exact, norms=None):
+        out = real(v64, bound, bias, lo, hi, elem, exact, norms)
+        unrounded = real(v64, bound, bias, lo, hi, "f32", exact, norms)
         k = int(np.flatnonzero(unrounded.ravel() != out.ravel())[0])
         out.reshape(-1)[k] = unrounded.reshape(-1)[k]
         return out

@@ -130,43 +130,6 @@ def test_runtime_imports_no_compiler_no_mlir_no_ort():
     assert r.returncode == 0 and r.stdout.strip() == "[]", r.stdout + r.stderr
 
 
-def _imports(path: Path, pkg: str | None = None) -> set[str]:
-    """Absolute names of every module `path` imports (relative imports resolved in `pkg`)."""
-    import ast
-    out = set()
-    pkg = pkg or ".".join(path.relative_to(SRC.parent).with_suffix("").parts[:-1])
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            out.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = pkg.rsplit(".", node.level - 1)[0] if node.level else ""
-            mod = f"{base}.{node.module}" if node.level and node.module else (node.module or base)
-            out.add(mod)
-            out.update(f"{mod}.{a.name}" for a in node.names)
-    return out
-
-
-@pytest.mark.parametrize("layer,forbidden", [
-    ("compiler", ("torq.runtime", "torq.verify", "torq.compiled", "torq.gen_config")),
-    ("runtime", ("torq.compiler", "torq.verify", "torq.compiled", "torch_mlir")),
-    ("numerics", ("torq.compiler", "torq.runtime", "torq.graph", "torq.program", "onnx", "onnxruntime",
-                  "torch_mlir")),
-])
-def test_imports_point_one_way(layer, forbidden):
-    """quantize -> graph -> compiler -> program -> runtime -> verify / gen_config; numerics is a leaf."""
-    bad = [f"{p.relative_to(SRC)}: {m}" for p in (SRC / layer).rglob("*.py") for m in _imports(p)
-           if any(m == f or m.startswith(f + ".") for f in forbidden)]
-    assert not bad
-
-
-def test_import_scan_sees_a_back_edge(tmp_path):
-    """The scan above can fail: a relative import of the runtime from the compiler is found."""
-    f = tmp_path / "probe.py"
-    f.write_text("from ..runtime import nss\nfrom . import lowering\n")
-    found = _imports(f, "torq.compiler")
-    assert "torq.runtime.nss" in found and "torq.compiler.lowering" in found
-
-
 def test_wrong_version_is_a_one_line_error(compiled, tmp_path):
     path = compiled.program.save(tmp_path / "m.torq")
     with np.load(path) as z:

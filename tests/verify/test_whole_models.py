@@ -23,6 +23,7 @@ import torq
 from torq import zoo
 from torq.verify import verify
 from torq import reference
+from torq.graph.inputs import random_inputs
 
 pytestmark = pytest.mark.slow
 
@@ -73,7 +74,7 @@ def _check_bit_exact(compiled, q) -> list[int]:
     sess = reference.session(q)
     native = []
     for seed in SEEDS:
-        x = reference.random_inputs(q, seed)
+        x = random_inputs(q, seed)
         ref = reference.run(q, x, sess)
         ours = compiled.run(x, rounding="ort")
         nat = compiled.run(x, rounding="native")

@@ -1,4 +1,4 @@
-"""benchmarks/zoo.py --per-layer: every layer alone, counted; internal errors told apart."""
+"""benchmarks/torchvision_zoo.py --per-layer: every layer alone, counted; internal errors told apart."""
 from __future__ import annotations
 
 import importlib.util
@@ -9,7 +9,7 @@ import pytest
 
 from quantize.islands_model import island_at_output
 
-ZOO = Path(__file__).resolve().parents[2] / "benchmarks" / "zoo.py"
+ZOO = Path(__file__).resolve().parents[2] / "benchmarks" / "torchvision_zoo.py"
 
 
 @pytest.fixture(scope="module")

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import isa
 from ..errors import TorqError
 from ..program import Port, Program, Step
 from . import linalg_view as L
 from . import torq_hl
-from .lowering import DATA_MOVEMENT, Unsupported, func_ops
+from .lowering import Unsupported, func_ops
 
 
 def emit_program(module, unsupported: list[Unsupported] = (), onnx_ops: dict | None = None,
@@ -64,7 +65,7 @@ class _Emitter:
                 outputs = [Port(n, self.slots[self._key(v)], L.element_type(v), L.shape_of(v), n in u8_out)
                            for n, v in zip(names, outs)]
                 continue
-            if not (name.startswith("torq_hl.") or name in DATA_MOVEMENT):
+            if not isa.runs_on_nss(name):
                 loc = L.location_key(op)
                 bad.append(self.reasons.get((name, loc)) or Unsupported(name, loc, "no torq_hl lowering"))
                 for r in op.results:
@@ -93,27 +94,45 @@ class _Emitter:
                     self.onnx_ops.get(loc))
 
     def _data_movement(self, op):
+        """(operands, attrs) of a data-movement step; ``isa.DATA_MOVEMENT`` names the attrs."""
         name, loc = op.name, L.location_key(op)
-        src = [op.operands[0]]
-        if name == "tensor.pad":
-            yielded = list(op.regions[0].blocks[0].operations)[-1].operands[0]
-            value = self.folder.value(yielded)
-            if value is None:
-                raise TorqError(f"not supported on NSS: tensor.pad at {loc}: non-constant padding")
-            return src, {"low": L.attr_ints(op, "static_low"), "high": L.attr_ints(op, "static_high"),
-                         "value": np.asarray(value).item()}
-        if name in ("tensor.collapse_shape", "tensor.expand_shape", "tensor.reshape", "tensor.cast"):
-            return src, {}
-        if name == "linalg.transpose":
-            return src, {"permutation": L.attr_ints(op, "permutation")}
-        if name == "linalg.broadcast":
-            return src, {"dimensions": L.attr_ints(op, "dimensions")}
-        if name == "linalg.fill":
-            return src, {}
-        if name == "tensor.extract_slice":
-            if len(op.operands) > 1:
-                raise TorqError(f"not supported on NSS: tensor.extract_slice at {loc}: dynamic slice")
-            return src, {k: L.attr_ints(op, "static_" + k) for k in ("offsets", "sizes", "strides")}
-        if name == "tensor.concat":
-            return list(op.operands), {"dim": int(op.attributes["dim"].value)}
-        raise TorqError(f"not supported on NSS: {name} at {loc}: no simulator kernel")
+        read = _MOVEMENT.get(name)
+        if read is None:
+            raise TorqError(f"not supported on NSS: {name} at {loc}: no simulator kernel")
+        return read(self, op, loc)
+
+
+def _pad(em, op, loc):
+    yielded = list(op.regions[0].blocks[0].operations)[-1].operands[0]
+    value = em.folder.value(yielded)
+    if value is None:
+        raise TorqError(f"not supported on NSS: tensor.pad at {loc}: non-constant padding")
+    return [op.operands[0]], {"low": L.attr_ints(op, "static_low"), "high": L.attr_ints(op, "static_high"),
+                              "value": np.asarray(value).item()}
+
+
+def _static_slice(op, loc, n_operands):
+    if len(op.operands) > n_operands:
+        raise TorqError(f"not supported on NSS: {op.name} at {loc}: dynamic slice")
+    return list(op.operands), {k: L.attr_ints(op, "static_" + k) for k in ("offsets", "sizes", "strides")}
+
+
+def _ints(attr):
+    return lambda em, op, loc: ([op.operands[0]], {attr: L.attr_ints(op, attr)})
+
+
+def _plain(em, op, loc):
+    return [op.operands[0]], {}
+
+
+#: How each data-movement op of ``isa.DATA_MOVEMENT`` becomes a step: (operands, attrs).
+_MOVEMENT = {
+    "tensor.pad": _pad,
+    "tensor.collapse_shape": _plain, "tensor.expand_shape": _plain, "tensor.reshape": _plain,
+    "tensor.cast": _plain, "linalg.fill": _plain,
+    "linalg.transpose": _ints("permutation"),
+    "linalg.broadcast": _ints("dimensions"),
+    "tensor.extract_slice": lambda em, op, loc: _static_slice(op, loc, 1),
+    "tensor.insert_slice": lambda em, op, loc: _static_slice(op, loc, 2),     # (source, dest)
+    "tensor.concat": lambda em, op, loc: (list(op.operands), {"dim": int(op.attributes["dim"].value)}),
+}

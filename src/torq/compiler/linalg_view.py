@@ -16,11 +16,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..isa import ELEMENT_TYPES
 from ..numerics import to_bf16
 
-_NP = {"i1": np.bool_, "i8": np.int8, "i16": np.int16, "i32": np.int32, "i64": np.int64,
-       "f16": np.float16, "f32": np.float32, "f64": np.float64, "index": np.int64,
-       "bf16": np.float32}  # bf16 values are held in float32 arrays (see numerics.to_bf16)
+_NP = {**ELEMENT_TYPES, "index": np.int64}   # bf16 values are held in float32 arrays (numerics.to_bf16)
 
 
 def np_dtype(mlir_type) -> type:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .. import isa
 from . import linalg_view as L
 from . import recognise as R
 from .patterns import (conv, data_movement, elementwise, float_contract, float_elementwise, fully_connected, matmul,
@@ -23,11 +24,6 @@ RULES = [*conv.RULES, *fully_connected.RULES, *matmul.RULES, *elementwise.RULES,
 # Rules rooted at an integer compute op rather than a quantize (ops ORT already runs on int8).
 OP_RULES = [*pooling.OP_RULES]
 
-# Ops the NSS executes besides torq_hl.*: constants and pure data movement.
-DATA_MOVEMENT = {"arith.constant", "tensor.empty", "tensor.pad", "tensor.collapse_shape",
-                 "tensor.expand_shape", "tensor.reshape", "tensor.cast", "linalg.transpose",
-                 "tensor.extract_slice", "tensor.insert_slice", "tensor.concat", "linalg.broadcast",
-                 "linalg.fill", "func.return"}
 
 
 @dataclass
@@ -198,7 +194,7 @@ def report(module, ctx: Ctx | None = None) -> LoweringReport:
         if name.startswith("torq_hl."):
             key = name.split(".", 1)[1]
             rep.lowered[key] = rep.lowered.get(key, 0) + 1
-        elif name not in DATA_MOVEMENT:
+        elif not isa.runs_on_nss(name):
             why = reasons.get(L.id_of(op), (None, None))[1] or _default_reason(name)
             onnx_op = ctx.onnx_op(op) if ctx else ""
             if onnx_op in NO_INTEGER_FORM:

@@ -14,7 +14,7 @@ import numpy as np
 import onnx
 
 from .. import numerics
-from ..errors import TorqError
+from ..errors import TorqError, one_line
 from ..fileio import atomic_write_text
 from ..graph.io_quant import io_quant_params
 from ..graph.load import load_model
@@ -60,16 +60,29 @@ class CompiledModel:
         return self._program
 
     def feed(self, inputs: dict) -> list:
-        """Inputs in function order; uint8 activations shifted to the int8 the module computes with."""
+        """Inputs in function order for the linalg module (IREE): uint8 activations shifted to the
+        int8 the module computes with, bf16 inputs rounded and typed ``ml_dtypes.bfloat16``."""
         missing = [n for n in self.input_names if n not in inputs]
         if missing:
             raise TorqError(f"missing input(s): {', '.join(missing)}")
-        return [numerics.uint8_to_int8(inputs[n]) if n in self.uint8_inputs else np.asarray(inputs[n])
-                for n in self.input_names]
+        bf16 = _bf16_inputs(self.model)
+        return [numerics.uint8_to_int8(inputs[n]) if n in self.uint8_inputs else
+                _as_bfloat16(inputs[n]) if n in bf16 else np.asarray(inputs[n]) for n in self.input_names]
 
     def fetch(self, outs: list) -> dict:
-        return {n: numerics.int8_to_uint8(o) if n in self.uint8_outputs else o
+        """Outputs by name: uint8 shifted back, bf16 (``ml_dtypes.bfloat16``) as float32 values."""
+        return {n: numerics.int8_to_uint8(o) if n in self.uint8_outputs else
+                np.asarray(o, np.float32) if np.asarray(o).dtype.name == "bfloat16" else o
                 for n, o in zip(self.output_names, outs)}
+
+
+def _bf16_inputs(model) -> set:
+    return {v.name for v in model.graph.input if v.type.tensor_type.elem_type == onnx.TensorProto.BFLOAT16}
+
+
+def _as_bfloat16(x):
+    import ml_dtypes
+    return numerics.to_bf16(np.asarray(x, np.float32)).astype(ml_dtypes.bfloat16)
 
 
 def _graph_io(model):
@@ -80,7 +93,7 @@ def _graph_io(model):
 def import_graph(model: onnx.ModelProto) -> onnx.ModelProto:
     """The ONNX graph whose k-th non-Constant node is the k-th imported torch.operator: batch 1
     (compiler/frontend/specialise.py), contrib ops in standard form, shape arithmetic folded and constant-index
-    Gathers as slices (graph/shapes.py). `gen_config run` partitions this same graph.
+    Gathers as slices (compiler/frontend/fold_shapes.py). `gen_config run` partitions this same graph.
 
     A bf16 model goes through as its exact fp32 twin (the ONNX checker rejects bf16 Conv at the
     opsets models use; see graph/bf16.py) and is retyped bf16 at the end."""
@@ -88,6 +101,12 @@ def import_graph(model: onnx.ModelProto) -> onnx.ModelProto:
         return convert_to_bf16(import_graph(to_fp32(model)))
     model = per_axis_int16_weights(canonicalize(specialise_dynamic_dims(model)))
     return slice_constant_gathers(fold_shape_arithmetic(model))
+
+
+def front_end(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str], list[str], bool]:
+    """The ONNX model exactly as the importer receives it (`import_graph`, then uint8 made
+    int8), with the uint8 input / output names and whether activations were shifted."""
+    return signedness.to_int8(import_graph(model))
 
 
 def compile(model, debug_ir: str | os.PathLike | None = None, name: str | None = None) -> CompiledModel:  # noqa: A001
@@ -100,7 +119,7 @@ def compile(model, debug_ir: str | os.PathLike | None = None, name: str | None =
     where, model = (str(model) if isinstance(model, (str, os.PathLike)) else "model"), load_model(model)
     validate(model, where)             # attribute values torch-mlir would trust blindly
     original = model
-    model, u8_in, u8_out, shifted = signedness.to_int8(import_graph(model))
+    model, u8_in, u8_out, shifted = front_end(model)
     stages = importer.StageTexts()     # texts printed only when read (.ir, --emit, --debug-ir)
     imported = importer.import_onnx(model)
     t1 = time.perf_counter()
@@ -117,7 +136,7 @@ def compile(model, debug_ir: str | os.PathLike | None = None, name: str | None =
     try:
         module.operation.verify()      # the torq_hl dialect is IRDL-registered: attributes are checked
     except Exception as e:  # noqa: BLE001 - an invalid module is a compiler bug, say where
-        raise RuntimeError(f"lowering produced an invalid module: {str(e).splitlines()[1:2]}") from None
+        raise RuntimeError(f"lowering produced an invalid module: {one_line(e)}") from None
     stages["torq_hl"] = module.operation.get_asm    # printed on first read (weights included)
     t3 = time.perf_counter()
     ins, outs = _graph_io(model)

@@ -61,6 +61,9 @@ def register(sub) -> None:
                    help="move each weight scale (typically 0.1 %%, at most 5 %%) so that ONNX Runtime's float "
                         "requantization is exact: the NSS's native rounding is then bit-exact with INT8 (ORT). "
                         "Default on")
+    p.add_argument("--precision", choices=["int8", "bf16"], default="int8",
+                   help="int8: FP32 vs INT8 (ORT) vs INT8 (NSS), calibrated (default); bf16: FP32 vs BF16 (NSS), "
+                        "the model converted as --auto-convert-bf16 does (no calibration)")
     p.add_argument("--limit", type=int, metavar="N", help="evaluate only the first N images")
     p.add_argument("--batch", type=int, default=8, metavar="B", help="images per NSS call (default 8)")
     p.add_argument("--jobs", type=int, default=1, metavar="N", help="NSS worker processes (default 1)")
@@ -102,7 +105,11 @@ def run(args) -> int:
                        sqnr_images=args.sqnr_images, onnx_reference=args.onnx_reference,
                        jobs=args.jobs, threads=args.threads, ray=args.ray, rounding=args.rounding,
                        exact_scales=args.exact_scales)
-    result = evaluate(args.model, args.dataset, options=opts)
+    if args.precision == "bf16":
+        from .bf16_run import evaluate_bf16
+        result = evaluate_bf16(args.model, args.dataset, opts)
+    else:
+        result = evaluate(args.model, args.dataset, options=opts)
     print(result.markdown())
     for path in result.write(args.output_dir):
         print(f"wrote {path}")

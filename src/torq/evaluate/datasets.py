@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import TorqError
+from ..errors import TorqError, one_line
 
 LABELS_FILE = "labels.tsv"
 
@@ -132,7 +132,7 @@ def read_image(path: Path) -> np.ndarray:
         with Image.open(path) as im:
             return np.asarray(im.convert("RGB"))
     except (UnidentifiedImageError, OSError, ValueError) as e:
-        raise TorqError(f"{path}: unreadable image: {' '.join(str(e).split())[:120]}") from None
+        raise TorqError(f"{path}: unreadable image: {one_line(e, 120)}") from None
 
 
 # ----------------------------------------------------------------------------- npz
@@ -148,7 +148,7 @@ def _npz_dataset(path: Path) -> Dataset:
     except TorqError:
         raise
     except Exception as e:  # noqa: BLE001 - zipfile/pickle/format errors, all "not a valid npz"
-        raise TorqError(f"{path}: not a readable .npz: {' '.join(str(e).split())[:120]}") from None
+        raise TorqError(f"{path}: not a readable .npz: {one_line(e, 120)}") from None
     if y.ndim != 1 or not np.issubdtype(y.dtype, np.integer):
         raise TorqError(f"{path}: y must be a 1-D integer array of labels, got {y.dtype} {y.shape}")
     if len(x) != len(y):

@@ -77,7 +77,7 @@ class NssEngine:
 
     def __init__(self, qmodel: onnx.ModelProto, batch: int, rounding: str = "native",
                  threads: int | None = None):
-        from .. import compile as torq_compile
+        from ..compiled import compile as torq_compile
         from ..runtime.nss import usable_cores
         self.batch, self.rounding = batch, rounding
         self.threads, self.sub = split_batch(batch, threads or usable_cores())
@@ -90,9 +90,8 @@ class NssEngine:
 
     def _warm_up(self) -> None:
         """One zero sub-batch: the simulator's compiled loops are built now, not during timing."""
-        shape = [d.dim_value for d in self.compiled.model.graph.input[0].type.tensor_type.shape.dim]
-        shape[0] = self.sub
-        self.compiled.run({self.input: np.zeros(shape, np.int8)}, rounding=self.rounding)
+        port = self.compiled.program.inputs[0]
+        self.compiled.run({self.input: np.zeros(port.shape, port.onnx_dtype)}, rounding=self.rounding)
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         program = self.compiled.program

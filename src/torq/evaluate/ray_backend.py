@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 
-from ..errors import TorqError
+from ..errors import TorqError, one_line
 
 MAX_RETRIES = 3
 IN_FLIGHT_PER_CPU = 2
@@ -37,7 +37,7 @@ def _connect(address) -> None:
             ray.init(address=str(address), log_to_driver=False, configure_logging=False)
     except Exception as e:  # noqa: BLE001 - connection errors come in many types
         raise TorqError(f"--ray {address if address is not True else ''}: cannot start or join Ray: "
-                        f"{' '.join(str(e).split())[:200]}") from None
+                        f"{one_line(e, 200)}") from None
 
 
 def _task(model_ref, batch: int, start: int, x, rounding: str = "native"):

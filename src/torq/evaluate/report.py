@@ -12,7 +12,7 @@ from pathlib import Path
 from ..fileio import atomic_write_bytes, atomic_write_json, atomic_write_text
 
 _LABELS = {"fp32": "FP32 (ORT)", "int8_ort": "INT8 (ORT)", "int8_nss": "INT8 (NSS, {rounding} rounding)",
-           "int8_onnx": "INT8 (ONNX reference: ORT, DQ → float op → Q)"}
+           "int8_onnx": "INT8 (ONNX reference: ORT, DQ → float op → Q)", "bf16_nss": "BF16 (NSS)"}
 
 
 def _pct(v: float) -> str:
@@ -21,10 +21,11 @@ def _pct(v: float) -> str:
 
 def markdown(r) -> str:
     has_top5 = r.top["fp32"].shape[1] >= 5
+    setup = (f"calibration: {r.settings['calibration']} ({r.settings['calibration_images']} images, "
+             f"{r.settings['calibrate_method']}, per-channel={r.settings['per_channel']})"
+             if r.settings.get("precision") != "bf16" else "bf16 (no calibration)")
     lines = [f"# Accuracy of `{Path(r.model).name}` on `{r.dataset}`", "",
-             f"{r.images} evaluation images; calibration: {r.settings['calibration']} "
-             f"({r.settings['calibration_images']} images, {r.settings['calibrate_method']}, "
-             f"per-channel={r.settings['per_channel']}); preprocessing `{r.settings['preprocess']}`.", "",
+             f"{r.images} evaluation images; {setup}; preprocessing `{r.settings['preprocess']}`.", "",
              "| path | top-1 % | " + ("top-5 % | " if has_top5 else "") + "top-1 agreement with FP32 % | images/s |",
              "|---|---|" + ("---|" if has_top5 else "") + "---|---|"]
     for p in r.paths:
@@ -32,7 +33,9 @@ def markdown(r) -> str:
         top5 = f"{_pct(acc['top5'])} | " if has_top5 else ""
         lines.append(f"| {label} | {_pct(acc['top1'])} | {top5}{_pct(r.agreement(p, 'fp32'))} | "
                      f"{r.images_per_s(p):.1f} |")
-    lines += ["", f"INT8 (NSS) vs INT8 (ORT) top-1 agreement: {_pct(r.agreement('int8_nss', 'int8_ort'))} %.", ""]
+    lines += [""]
+    if "int8_ort" in r.paths:
+        lines += [f"INT8 (NSS) vs INT8 (ORT) top-1 agreement: {_pct(r.agreement('int8_nss', 'int8_ort'))} %.", ""]
     margins = r.disagreement_margins()
     if margins:
         worst = max(margins)

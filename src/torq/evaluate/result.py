@@ -30,7 +30,7 @@ class EvalResult:
     _ort_logits: dict = field(default_factory=dict, repr=False)
 
     @classmethod
-    def start(cls, model, data, opts, classes: int, calib_images: int) -> "EvalResult":
+    def start(cls, model, data, opts, classes: int, calib_images: int, paths=PATHS) -> "EvalResult":
         k = min(5, classes)
         settings = {"preprocess": opts.preprocess.describe(), "batch": opts.batch, "rounding": opts.rounding,
                     "per_channel": opts.per_channel, "calibrate_method": opts.calibrate_method,
@@ -41,7 +41,7 @@ class EvalResult:
                     "calibration": opts.calibration or f"split of {opts.calibration_split}",
                     "calibration_images": min(calib_images, opts.num_calib), "classes": classes}
         r = cls(str(model), data.name, data.labels.copy(), settings)
-        paths = PATHS + ((ONNX_REFERENCE,) if opts.onnx_reference else ())
+        paths = tuple(paths) + ((ONNX_REFERENCE,) if opts.onnx_reference and paths == PATHS else ())
         r.top = {p: np.full((len(data), k), -1, np.int64) for p in paths}
         r.seconds = {p: 0.0 for p in paths}
         r.ort_margin = np.full(len(data), -1, np.int64) if classes >= 2 else None
@@ -96,7 +96,7 @@ class EvalResult:
     def disagreement_margins(self) -> dict[int, int] | None:
         """NSS-vs-ORT top-1 disagreements counted by ORT's top-2 logit margin (LSB), or None
         when the outputs are not integer logits."""
-        if self.ort_margin is None or (self.ort_margin < 0).any():
+        if self.ort_margin is None or (self.ort_margin < 0).any() or "int8_ort" not in self.top:
             return None
         return dict(sorted(metrics.disagreement_margins(
             self.top["int8_nss"], self.top["int8_ort"], self.ort_margin).items()))
@@ -109,9 +109,11 @@ class EvalResult:
         out = {"model": self.model, "dataset": self.dataset, "images": self.images, "settings": self.settings}
         for p in self.paths:
             out[p] = self.accuracy(p)
-        out["agreement_int8_ort_vs_fp32"] = self.agreement("int8_ort", "fp32")
-        out["agreement_int8_nss_vs_fp32"] = self.agreement("int8_nss", "fp32")
-        out["agreement_nss_vs_ort"] = self.agreement("int8_nss", "int8_ort")
+        for p in self.paths:
+            if p != "fp32" and p != ONNX_REFERENCE:
+                out[f"agreement_{p}_vs_fp32"] = self.agreement(p, "fp32")
+        if "int8_ort" in self.top:
+            out["agreement_nss_vs_ort"] = self.agreement("int8_nss", "int8_ort")
         if ONNX_REFERENCE in self.top:
             out["agreement_ort_vs_onnx_reference"] = self.agreement("int8_ort", ONNX_REFERENCE)
             out["agreement_nss_vs_onnx_reference"] = self.agreement("int8_nss", ONNX_REFERENCE)

@@ -42,6 +42,7 @@ class DiscoverOptions:
     rounding: str = "native"
     argv: list = field(default_factory=list)
     jobs: int = 1
+    save_bf16_model: str | None = None
 
 
 @dataclass
@@ -64,6 +65,9 @@ def model_and_layers(model_path: Path, quant: QuantSettings, subgraph=(None, Non
 
     def build():
         base = extract_segment(fp32, [lay.node_index for lay in layers]) if suffix else fp32
+        if quant.auto_convert_bf16:
+            from ..graph.bf16 import convert_to_bf16
+            return convert_to_bf16(base)
         if not quant.quantize:
             return base
         from ..quantize import quantize
@@ -132,6 +136,9 @@ def run_discovery(opts: DiscoverOptions, progress=None) -> tuple[dict, Path]:
     stem = opts.model.stem
     check_output_dir(opts.output_dir)
     layers, suffix, build_full = model_and_layers(opts.model, opts.quant, opts.subgraph, lazy=True)
+    if opts.save_bf16_model:
+        from ..fileio import save_model
+        save_model(build_full(), Path(opts.save_bf16_model))
     path = schema.report_path(opts.output_dir, stem, suffix)
     report = _start_report(path, stem, opts)
     map_key = {"fingerprint": report["quantization"], "layers": [lay.id for lay in layers], "v": __version__}
@@ -140,7 +147,8 @@ def run_discovery(opts: DiscoverOptions, progress=None) -> tuple[dict, Path]:
     plan = _plan(ctx, layers)
     tested = [lay for lay, why in zip(layers, plan) if why == "test"]
     calib = _layer_calibration(opts, tested)
-    qkey = dict(report["quantization"], model_sha256=None) if opts.quant.quantize else None
+    qkey = dict(report["quantization"], model_sha256=None) if opts.quant.quantize else \
+        {"auto_convert_bf16": True} if opts.quant.auto_convert_bf16 else None
     work = [(opts, lay, schema.tolerance(report, lay.id), calib.get(lay.id), qkey) for lay in tested]
     with _results(opts, work) as results:
         for i, (layer, (k, loc), why) in enumerate(zip(layers, places, plan)):
@@ -299,6 +307,8 @@ def register(sub) -> None:
     p.add_argument("--repro-dir", metavar="DIR", help="a self-contained bundle for every layer that is not a success")
     p.add_argument("--jobs", "-j", type=int, default=1, metavar="N",
                    help="test layers in N worker processes (default 1; results and files are identical)")
+    p.add_argument("--save-bf16-model", metavar="PATH",
+                   help="with --auto-convert-bf16: also write the converted bf16 model (ONNX) to PATH")
     p.set_defaults(func=cmd_discover)
 
 
@@ -311,14 +321,18 @@ def options_from_args(args) -> DiscoverOptions:
     if not model.is_file():
         raise TorqError(f"--model {model}: no such file")
     timing = args.collect_timing or args.recommend_by_timing
+    quant = quant_settings(args)
+    if args.save_bf16_model and not quant.auto_convert_bf16:
+        raise TorqError("--save-bf16-model needs --auto-convert-bf16")
     return DiscoverOptions(
-        model=model, output_dir=Path(args.output_dir), quant=quant_settings(args), skip_mode=args.skip_mode,
+        model=model, output_dir=Path(args.output_dir), quant=quant, skip_mode=args.skip_mode,
         skip_executors=parse_executors(args.skip_executors, "--skip-executors"),
         skip_ops=[s.strip() for s in (args.skip_ops or "").split(",") if s.strip()],
         dedup=args.dedup_layers, timing_runs=args.timing_runs if timing else 0,
         recommend_by_timing=args.recommend_by_timing, subgraph=(args.subgraph_from, args.subgraph_to),
         recompute_cache=args.recompute_cache, debug_ir=args.debug_ir, repro_dir=args.repro_dir,
-        rounding=args.rounding, argv=getattr(args, "argv", sys.argv[1:]), jobs=args.jobs)
+        rounding=args.rounding, argv=getattr(args, "argv", sys.argv[1:]), jobs=args.jobs,
+        save_bf16_model=args.save_bf16_model)
 
 
 def cmd_discover(args) -> int:

@@ -11,9 +11,11 @@ import numpy as np
 
 from ..fileio import atomic_write_bytes, atomic_write_text, save_model
 from . import executors as X
-from .compare import compare, dq_output_scales, random_inputs
+from ..graph.inputs import random_inputs
+from .compare import BF16_ABS_TOL_FRAC, compare, dq_output_scales
 
 SEED = 1234
+LAYER_INPUT_RANGE = 40.0   # float layer inputs uniform in [-40, 40), as the reference tool feeds them
 
 
 @dataclass
@@ -23,6 +25,7 @@ class Prepared:
     reference: dict = field(default_factory=dict)
     compiled: object = None
     error: X.ExecutorError | None = None    # a failure before any executor ran
+    bf16: bool = False                      # --auto-convert-bf16: floats compared with the abs gate
 
 
 def prepare(fp32_layer, quant, debug_ir=None, name="layer", calib=None) -> Prepared:
@@ -32,6 +35,8 @@ def prepare(fp32_layer, quant, debug_ir=None, name="layer", calib=None) -> Prepa
     quantizer's synthetic data, as the reference tool does per layer)."""
     from .. import reference
     p = Prepared()
+    if getattr(quant, "auto_convert_bf16", False):
+        return _prepare_bf16(p, fp32_layer, debug_ir, name)
     try:
         if quant.quantize:
             from ..quantize import quantize
@@ -45,9 +50,30 @@ def prepare(fp32_layer, quant, debug_ir=None, name="layer", calib=None) -> Prepa
     except Exception as e:  # noqa: BLE001
         p.error = X.ExecutorError("quantize_failed", f"per-layer quantization failed: {X.one_line(e)}")
         return p
-    p.inputs = random_inputs(p.model, SEED)
+    p.inputs = random_inputs(p.model, SEED, float_range=LAYER_INPUT_RANGE)
     try:
         p.reference = reference.run(p.model, p.inputs)
+    except Exception as e:  # noqa: BLE001
+        p.error = X.ExecutorError("reference_failed", f"ONNX Runtime failed: {X.one_line(e)}")
+        return p
+    try:
+        p.compiled = X.frontend(p.model, debug_ir=debug_ir, name=name)
+    except X.ExecutorError as e:
+        p.error = e
+    return p
+
+
+def _prepare_bf16(p: Prepared, fp32_layer, debug_ir, name) -> Prepared:
+    """The layer converted to bf16; its random inputs rounded to bf16; the reference is ONNX
+    Runtime fp32 on the exact fp32 twin (the very values the bf16 layer holds)."""
+    from .. import numerics, reference
+    from ..graph.bf16 import convert_to_bf16, to_fp32
+    p.model = convert_to_bf16(fp32_layer)
+    p.bf16 = True
+    p.inputs = {k: numerics.to_bf16(v) if np.asarray(v).dtype == np.float32 else v
+                for k, v in random_inputs(fp32_layer, SEED, float_range=LAYER_INPUT_RANGE).items()}
+    try:
+        p.reference = reference.run(to_fp32(p.model), p.inputs)
     except Exception as e:  # noqa: BLE001
         p.error = X.ExecutorError("reference_failed", f"ONNX Runtime failed: {X.one_line(e)}")
         return p
@@ -62,12 +88,15 @@ def run_executor(p: Prepared, executor: str, tol: dict, cache_dir, rounding="nat
                  timing_runs: int = 0) -> dict:
     """One executor's result entry (the reference's fields + our failure_report.reason_code)."""
     entry = {"status": "error", "tolerance_used": dict(tol)}
+    if p.bf16:
+        entry["tolerance_used"].update(use_abs_tol_gate=True, fp_abs_tol_frac=BF16_ABS_TOL_FRAC)
     try:
         if p.error is not None:
             raise p.error
         runnable = X.build(executor, p.compiled, cache_dir=cache_dir, rounding=rounding)
         outs, ms = runnable.run(p.inputs)
-        ok, diff = compare(outs, p.reference, tol["fp_max_tol"], dq_output_scales(p.model))
+        gate = BF16_ABS_TOL_FRAC if p.bf16 else None
+        ok, diff = compare(outs, p.reference, tol["fp_max_tol"], dq_output_scales(p.model), gate)
     except X.ExecutorError as e:
         entry["failure_report"] = {"type": "error", "summary": e.summary, "reason_code": e.reason_code}
         return entry

@@ -22,15 +22,19 @@ class QuantSettings:
     calibrate_method: str = "minmax"
     calibration_data: str | None = None
     num_calib: int = 20
+    auto_convert_bf16: bool = False          # the NPU's float datapath instead of int8
 
     def kwargs(self) -> dict:
         d = asdict(self)
         d.pop("quantize")
+        d.pop("auto_convert_bf16")
         return d
 
     def fingerprint(self, model_path: Path) -> dict:
         """Flags + sha256 of the model (and of the calibration data): what a map is valid for."""
         fp = asdict(self)
+        if not self.auto_convert_bf16:
+            fp.pop("auto_convert_bf16")      # an int8 / fp32 fingerprint as before
         fp["quant_format"], fp["quant_dtype"] = self.quant_format.lower(), self.quant_dtype.upper()
         fp["calibrate_method"] = self.calibrate_method.lower()
         fp["model_sha256"] = file_sha256(model_path)
@@ -71,6 +75,9 @@ def add_common_args(p, debug_ir_default=None) -> None:
     p.add_argument("--rounding", default="native", choices=("native", "ort"),
                    help="NSS rounding: native (the NPU's) or ort (ONNX Runtime's, bit-exact)")
     q = p.add_argument_group("quantization (discover and run must use the same flags)")
+    q.add_argument("--auto-convert-bf16", action="store_true",
+                   help="convert the fp32 model (and each layer) to bf16, the NPU's float datapath, as the "
+                        "reference tool does; every layer is compared with ONNX Runtime fp32")
     q.add_argument("--quantize", action="store_true", help="statically quantize the model (and each layer) to int8")
     q.add_argument("--per-channel", action="store_true", help="one weight scale per output channel")
     q.add_argument("--full-integer", action="store_true", help="int8 graph inputs/outputs (no input Q / output DQ)")
@@ -91,9 +98,13 @@ def quant_settings(args) -> QuantSettings:
         or args.quant_format.lower() != "qdq"
     if quant_flags and not args.quantize:
         raise TorqError("--per-channel/--full-integer/--quant-format/--calibration-data need --quantize")
+    bf16 = getattr(args, "auto_convert_bf16", False)
+    if bf16 and args.quantize:
+        raise TorqError("--auto-convert-bf16 and --quantize are mutually exclusive: "
+                        "the model runs on the NPU in bf16 or in int8")
     return QuantSettings(args.quantize, args.per_channel, args.full_integer, args.quant_format.lower(),
                          args.quant_dtype.upper(), args.calibrate_method.lower(), args.calibration_data,
-                         args.num_calib)
+                         args.num_calib, bf16)
 
 
 def parse_executors(value: str | None, flag: str) -> list[str]:

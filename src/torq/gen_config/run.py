@@ -15,9 +15,11 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import TorqError
+from ..graph.inputs import random_inputs
 from . import executors as X
 from . import mapping, partition, schema
 from .discover import model_and_layers
+from .compare import BF16_RUN_TOL_FRAC, float_metrics
 from .options import QuantSettings, add_common_args, cache_dir, quant_settings
 
 DEFAULT_TOL_LSB = 5
@@ -34,6 +36,7 @@ class RunOptions:
     tolerance_lsb: float = DEFAULT_TOL_LSB
     seed: int = 0
     recompute_cache: bool = False
+    tolerance_frac: float = BF16_RUN_TOL_FRAC
 
 
 def check_fingerprint(report: dict, expected: dict, path: Path) -> None:
@@ -179,6 +182,16 @@ def c_nodes(c) -> list:
     return [n for n in c.graph.node if n.op_type != "Constant"]
 
 
+def fp32_model(opts: RunOptions):
+    """The fp32 model (or its sub-graph) a bf16 run is compared with."""
+    from ..graph import extract_segment
+    from ..graph.load import load_model
+    from .discover import select_layers
+    fp32 = load_model(opts.model)
+    layers, suffix = select_layers(fp32, opts.subgraph)
+    return extract_segment(fp32, [lay.node_index for lay in layers]) if suffix else fp32
+
+
 def run_full(opts: RunOptions, log=None) -> tuple[dict, Path]:
     from ..compiler.pipeline import import_graph
     from .. import reference
@@ -191,15 +204,18 @@ def run_full(opts: RunOptions, log=None) -> tuple[dict, Path]:
     executor_of = assign(report, layers, full.operator_locations)
     schema.save(report, path)                    # re-derived locations + compiler JSON
     segs = partition.segments(c_nodes(c), executor_of)
-    inputs = reference.random_inputs(q, opts.seed)
+    bf16 = opts.quant.auto_convert_bf16
+    ref_model = fp32_model(opts) if bf16 else q   # bf16: compared with the fp32 model itself
+    inputs = random_inputs(ref_model, opts.seed)
     t0 = time.perf_counter()
     tensors, timings = execute(c, segs, inputs, opts, opts.model.stem, log)
     wall = time.perf_counter() - t0
-    ref = reference.run(q, inputs)
-    m = metrics(c, {k: tensors[k] for k in ref}, ref, opts.tolerance_lsb)
+    ref = reference.run(ref_model, inputs)
+    ours = {k: tensors[k] for k in ref}
+    m = float_metrics(ours, ref, opts.tolerance_frac) if bf16 else metrics(c, ours, ref, opts.tolerance_lsb)
     m.update(rounding=opts.rounding, segments=timings, seed=opts.seed, run_s=round(wall, 3),
              executor_nodes={e: sum(len(s.groups) for s in segs if s.executor == e) for e in X.EXECUTOR_ORDER})
-    if not m["passed"]:
+    if not m["passed"] and not bf16:
         by_loc = {op.get("mlir_location"): lid for lid, op in report["ops"].items()}
         names = {j: by_loc.get(loc, f"{op}@{loc}") for j, (op, loc) in enumerate(full.operator_locations)}
         m["first_divergence"] = locate_divergence(c, segs, inputs, opts, names, opts.tolerance_lsb)
@@ -220,6 +236,9 @@ def register(sub) -> None:
     p.add_argument("--tolerance-lsb", type=float, default=DEFAULT_TOL_LSB, metavar="N",
                    help=f"largest |Δ| (int8 LSB) accepted on any output (default {DEFAULT_TOL_LSB})")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
+    p.add_argument("--tolerance-frac", type=float, default=BF16_RUN_TOL_FRAC, metavar="F",
+                   help="--auto-convert-bf16: an output element fails when it is off by more than fp_max_tol "
+                        f"relative and by more than F x max|fp32 output| (default {BF16_RUN_TOL_FRAC})")
     p.set_defaults(func=cmd_run)
 
 
@@ -230,8 +249,11 @@ def cmd_run(args) -> int:
         raise TorqError(f"--model {model}: no such file")
     if not args.tolerance_lsb >= 0:
         raise TorqError(f"--tolerance-lsb must be non-negative (got {args.tolerance_lsb})")
+    if not 0 <= args.tolerance_frac <= 1:
+        raise TorqError(f"--tolerance-frac must be in [0, 1] (got {args.tolerance_frac})")
     opts = RunOptions(model, Path(args.output_dir), quant_settings(args), (args.subgraph_from, args.subgraph_to),
-                      args.debug_ir, args.rounding, args.tolerance_lsb, args.seed, args.recompute_cache)
+                      args.debug_ir, args.rounding, args.tolerance_lsb, args.seed, args.recompute_cache,
+                      args.tolerance_frac)
     with layer_progress("run") as bar:
         report, path = run_full(opts, bar)
     if "quantization" not in report:
@@ -239,6 +261,8 @@ def cmd_run(args) -> int:
     m = report["full_model_metrics"]
     segs = ", ".join(f"{s['executor']} ({s['layers']} layers, {s['runtime_ms']:.1f} ms)" for s in m["segments"])
     print(f"run: {len(m['segments'])} segment(s): {segs}")
+    if opts.quant.auto_convert_bf16:
+        return _print_float(m, path)
     for name, o in m["outputs"].items():
         print(f"  output {name}: max |Δ| {o['max_abs_lsb']:g} LSB, {o['differing']}/{o['size']} differ")
     print("  |Δ| histogram (LSB: count): " + ", ".join(f"{k}: {v}" for k, v in m["lsb_histogram"].items()))
@@ -251,3 +275,16 @@ def cmd_run(args) -> int:
     where = f"; first diverging layer: {d['layer_id']} on {d['executor']} ({d['max_abs_lsb']:g} LSB at {d['tensor']})" if d else ""
     print(f"run: FAIL: max |Δ| {m['max_abs_lsb']:g} LSB > {m['tolerance_lsb']:g}{where}")
     return 1
+
+
+def _print_float(m: dict, path) -> int:
+    """The bf16 run's verdict against the fp32 model."""
+    for name, o in m["outputs"].items():
+        print(f"  output {name}: max rel diff {o['max_rel_diff']:.4g}, max |Δ| {o['max_abs_diff']:.4g} "
+              f"({o['abs_frac']:.2%} of max |fp32|), {o['wrong']}/{o['size']} beyond tolerance")
+    if "top1_agreement" in m:
+        print(f"  top-1 agreement with fp32 (ONNX Runtime): {m['top1_agreement']:.0%}")
+    verdict = "PASS" if m["passed"] else "FAIL"
+    print(f"run: {verdict} (bf16 vs fp32: relative {m['fp_max_tol']:g} or within {m['tolerance_frac']:g} x max|fp32|) "
+          f"-> {path}")
+    return 0 if m["passed"] else 1

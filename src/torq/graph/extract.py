@@ -25,7 +25,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from ..errors import TorqError
+from ..errors import TorqError, one_line
 from .load import load_model
 from .shapes import FOLDABLE_OPS, collect_types, eval_node, infer, static_shape
 from .walk import node_subgraphs
@@ -92,7 +92,7 @@ def _fold_constants(m: onnx.ModelProto, types) -> dict[str, np.ndarray]:
                     g, opset_imports=list(m.opset_import))).run(None, {})[0]
             except Exception as e:
                 raise TorqError(f"Constant node '{n.name or n.output[0]}' cannot be evaluated: "
-                                f"{' '.join(str(e).split())[:200]}") from None
+                                f"{one_line(e, 200)}") from None
             consts[n.output[0]] = folded[n.output[0]] = np.asarray(val)
         elif n.op_type in FOLDABLE_OPS and n.domain in ("", "ai.onnx"):
             outs = eval_node(n, consts, types, m.opset_import)
@@ -234,7 +234,7 @@ def _build(p: _Prepared, idx: Sequence[int], name: str, all_outputs: bool) -> on
         m = onnx.shape_inference.infer_shapes(m, strict_mode=True)
     except Exception as e:
         raise TorqError(f"extracted '{name}' is not a valid ONNX model: "
-                        f"{' '.join(str(e).split())[:300]}") from None
+                        f"{one_line(e)}") from None
     return m
 
 

@@ -19,6 +19,7 @@ torq). One module per concern:
   explain  why a native result differs from ORT's (tie / near-tie / other), in exact rationals
   int16    int16 activations x int8 weights: the NPU's byte planes, ORT's float path, their contract
   loops    numba-compiled per-element loops and the layout plumbing they need
+May import: nothing from torq; numpy, numba and the standard library only.
 """
 from __future__ import annotations
 

@@ -124,57 +124,65 @@ def sum_bound(n_terms: int, abs_sum) -> np.ndarray:
     return np.asarray(abs_sum, np.float64) * (gamma * _GAMMA_SLACK) + 1e-300
 
 
-def exact_finish(v64, bound, bias, lo, hi, elem: str, exact_acc):
-    """Contraction outputs from float64 sums ``v64`` [R, C] with error bounds ``bound`` [R, C]
-    (or broadcastable): ``finish(fl32(S), bias, lo, hi, elem)`` of the exact sums S.
+def exact_finish(v64, bound, bias, lo, hi, elem: str, exact_acc, norms=None):
+    """Contraction outputs from float64 sums ``v64`` [R, C]: ``finish(fl32(S), bias, lo, hi, elem)``
+    of the exact sums S.
 
-    ``f(S) = finish(fl32(S))`` is monotone in S, so where ``f(v - bound) == f(v + bound)`` that
-    is f(S); elsewhere (rare) ``exact_acc(rows, cols)`` returns fl32(S) for those outputs
-    (``exact_sum_f32`` of their products). ``bias`` broadcasts against [R, C]."""
+    The error bound of ``v64`` is ``bound`` (broadcastable to [R, C]), or, with ``norms = (rn,
+    cn, n_terms)``, ``sum_bound(n_terms, rn[r] * cn[c])`` (row and column norms: Cauchy-Schwarz
+    bounds sum|w x| by ||w|| ||x||), computed on the fly. ``bias`` is per row ([R, 1]), per
+    column ([1, C]) or a scalar. ``f(S) = finish(fl32(S))`` is monotone in S, so where
+    ``f(v - bound) == f(v + bound)`` that is f(S); elsewhere (rare) ``exact_acc(rows, cols)``
+    returns fl32(S) for those outputs (``exact_sum_f32`` of their products)."""
     if elem not in ("bf16", "f32"):
         raise ValueError(f"contraction result type {elem} is not a float type")
-    v = np.asarray(v64, np.float64)
-    b = np.broadcast_to(np.asarray(bound, np.float64), v.shape)
-    bias = np.broadcast_to(np.asarray(bias, _F32), v.shape)
-    out, bad = _finish_checked(np.ascontiguousarray(v.reshape(v.shape[0], -1)),
-                               np.ascontiguousarray(b.reshape(v.shape[0], -1)),
-                               np.ascontiguousarray(bias.reshape(v.shape[0], -1)),
-                               _F32(lo), _F32(hi), elem == "bf16")
-    out, bad = out.reshape(v.shape), bad.reshape(v.shape)
+    v = np.ascontiguousarray(np.asarray(v64, np.float64).reshape(np.shape(v64)[0], -1))
+    rows, cols = v.shape
+    b = np.asarray(bias, _F32)
+    br = np.ascontiguousarray(b.reshape(-1)) if b.ndim and b.shape[0] == rows and b.size == rows else np.zeros(0, _F32)
+    bc = np.ascontiguousarray(b.reshape(-1)) if b.ndim and b.size == cols and not br.size else np.zeros(0, _F32)
+    b0 = _F32(b.reshape(-1)[0]) if b.size == 1 and not (br.size or bc.size) else _F32(0)
+    if norms is not None:
+        rn, cn, n = norms
+        full = np.zeros((0, 0))
+        rn, cn = np.ascontiguousarray(rn, np.float64).reshape(-1), np.ascontiguousarray(cn, np.float64).reshape(-1)
+        gamma = float(sum_bound(n, 1.0)) - 1e-300
+    else:
+        full = np.ascontiguousarray(np.broadcast_to(np.asarray(bound, np.float64), np.shape(v64)).reshape(rows, cols))
+        rn = cn = np.zeros(0)
+        gamma = 0.0
+    out, bad = _finish_checked(v, full, rn, cn, gamma, br, bc, b0, _F32(lo), _F32(hi), elem == "bf16")
     if bad.any():
         idx = np.nonzero(bad)
         acc = np.asarray(exact_acc(*idx), _F32)
-        out[idx] = finish(acc, bias[idx], lo, hi, "f32")
-        if elem == "bf16":
-            out[idx] = to_bf16(out[idx])
-    return out
+        bias_at = br[idx[0]] if br.size else bc[idx[1]] if bc.size else b0
+        out[idx] = finish(acc, bias_at, lo, hi, elem)
+    return out.reshape(np.shape(v64))
 
 
 @jit
-def _finish_checked(v, b, bias, lo, hi, bf16):
-    """``f(v)`` per element, and where ``f(v - b) != f(v + b)`` (the bound cannot settle it)."""
+def _finish_checked(v, full, rn, cn, gamma, br, bc, b0, lo, hi, bf16):
+    """``f(v)`` per element, and where ``f(v - e) != f(v + e)`` (the bound e cannot settle it)."""
     out = np.empty(v.shape, np.float32)
     bad = np.zeros(v.shape, np.uint8)
-    bits = out.reshape(-1).view(np.uint32)
     tmp = np.empty(2, np.float32)
     tbits = tmp.view(np.uint32)
-    n_c = v.shape[1]
     for r in range(v.shape[0]):
-        for c in range(n_c):
-            s, e = v[r, c], b[r, c]
+        for c in range(v.shape[1]):
+            s = v[r, c]
+            e = full[r, c] if full.shape[0] else gamma * rn[r] * cn[c] + 1e-300
+            bias = br[r] if br.shape[0] else (bc[c] if bc.shape[0] else b0)
             for j in range(2):
-                t = np.float32(np.float32(s - e if j == 0 else s + e) + bias[r, c])
-                t = min(max(t, lo), hi)
-                tmp[j] = t
+                t = np.float32(np.float32(s - e if j == 0 else s + e) + bias)
+                tmp[j] = min(max(t, lo), hi)
                 if bf16 and tmp[j] == tmp[j]:
                     x = tbits[j]
                     tbits[j] = (x + np.uint32(0x7FFF) + ((x >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xFFFF0000)
-            k = r * n_c + c
+                elif bf16:                                      # NaN: the quiet bf16 NaN
+                    tbits[j] = (tbits[j] & np.uint32(0xFFFF0000)) | np.uint32(0x00400000)
             out[r, c] = tmp[0]
             if not (tmp[0] == tmp[1] or (tmp[0] != tmp[0] and tmp[1] != tmp[1])):
                 bad[r, c] = 1               # (by value: -0.0 and +0.0 are the same output)
-            if bf16 and tmp[0] != tmp[0]:                      # NaN: the quiet bf16 NaN
-                bits[k] = (bits[k] & np.uint32(0xFFFF0000)) | np.uint32(0x00400000)
     return out, bad
 
 

@@ -2,6 +2,7 @@
 
     from torq.quantize import quantize
     q = quantize("model.onnx", "model.int8.onnx", per_channel=True, full_integer=True)
+May import: torq.graph, torq.numerics, torq.errors, torq.fileio, torq.cli_util.
 """
 import sys
 import types

@@ -24,6 +24,7 @@ from onnx import helper
 from onnxruntime.quantization import CalibrationDataReader
 
 from ..errors import TorqError, one_line, quote
+from ..graph.inputs import input_specs
 
 
 def probe_session(model: onnx.ModelProto, outputs=()):
@@ -40,20 +41,6 @@ def probe_session(model: onnx.ModelProto, outputs=()):
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     so.log_severity_level = 3
     return ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
-
-
-def input_specs(model: onnx.ModelProto) -> list[tuple[str, list[int | None], np.dtype]]:
-    """(name, shape with None for dynamic dims, numpy dtype) of each real graph input."""
-    inits = {t.name for t in model.graph.initializer}
-    specs = []
-    for v in model.graph.input:
-        if v.name in inits:
-            continue
-        tt = v.type.tensor_type
-        dims = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None
-                for d in tt.shape.dim]
-        specs.append((v.name, dims, np.dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type))))
-    return specs
 
 
 class SyntheticDataReader(CalibrationDataReader):

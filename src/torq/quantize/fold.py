@@ -14,7 +14,7 @@ from pathlib import Path
 
 import onnx
 
-from ..errors import TorqError
+from ..errors import TorqError, one_line
 
 
 def fold_fp32(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -29,7 +29,7 @@ def fold_fp32(model: onnx.ModelProto) -> onnx.ModelProto:
         try:
             ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
         except Exception as e:  # noqa: BLE001 - ORT raises its own types
-            raise TorqError(f"ONNX Runtime cannot load the fp32 model: {str(e).splitlines()[0]}") from None
+            raise TorqError(f"ONNX Runtime cannot load the fp32 model: {one_line(e)}") from None
         folded = onnx.load(str(out))
     del folded.graph.value_info[:]       # re-inferred by the quantizer's pre-processing
     return folded

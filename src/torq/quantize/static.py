@@ -39,7 +39,7 @@ from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, 
 
 from ..errors import TorqError, one_line
 from ..fileio import save_model
-from ..graph.fold import fold_constant_identities
+from ..graph.unshare_weights import fold_constant_identities
 from ..graph.load import is_quantized, load_model
 from ..graph.validate import validate
 from .calibration import make_reader

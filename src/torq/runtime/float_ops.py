@@ -34,7 +34,7 @@ def _conv(st, rtype):
         w, bias, x = args
         sums = (G.depthwise_sums(x, w, a["pad"], a["stride"], a["dilation"]) if depthwise
                 else plan(w, bias).sums(x))
-        outs = [_B.exact_finish(s.v, s.bound, bias.astype(np.float32)[:, None], lo, hi, st.dtype, s.exact)
+        outs = [_B.exact_finish(s.v, s.bound, bias.astype(np.float32)[:, None], lo, hi, st.dtype, s.exact, s.norms)
                 for s in sums]
         return np.stack(outs).reshape(st.shape)
     return fn
@@ -47,7 +47,7 @@ def _fc(st, rtype):
     def fn(args, rounding):
         w, bias, x = args
         s = G.matmul_sums(x.reshape(-1, x.shape[-1]), np.asarray(w).T)
-        out = _B.exact_finish(s.v, s.bound, bias.astype(np.float32)[None, :], lo, hi, st.dtype, s.exact)
+        out = _B.exact_finish(s.v, s.bound, bias.astype(np.float32)[None, :], lo, hi, st.dtype, s.exact, s.norms)
         return out.reshape(st.shape)
     return fn
 
@@ -57,7 +57,7 @@ def _matmul(st, rtype):
 
     def fn(args, rounding):
         s = G.matmul_sums(*args)
-        return _B.exact_finish(s.v, s.bound, np.float32(0), lo, hi, st.dtype, s.exact).reshape(st.shape)
+        return _B.exact_finish(s.v, s.bound, np.float32(0), lo, hi, st.dtype, s.exact, s.norms).reshape(st.shape)
     return fn
 
 

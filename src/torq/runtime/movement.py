@@ -1,4 +1,5 @@
-"""NSS kernels of the data-movement ops a lowered program keeps (pad, reshapes, transpose, ...)."""
+"""NSS kernels of the data-movement ops a lowered program keeps (pad, reshapes, transpose, ...):
+one per op of ``torq.isa.DATA_MOVEMENT``."""
 from __future__ import annotations
 
 import numpy as np
@@ -35,6 +36,17 @@ def _extract_slice(st, rtype):
     return lambda a, r: a[0][sl].reshape(shape)
 
 
+def _insert_slice(st, rtype):
+    off, size, stride = (st.attrs[k] for k in ("offsets", "sizes", "strides"))
+    sl, shape = tuple(slice(o, o + s * k, k) for o, s, k in zip(off, size, stride)), tuple(st.shape)
+
+    def run(a, r):
+        out = np.zeros(shape, rtype) if a[1] is None else a[1].copy()    # dest of tensor.empty: no value
+        out[sl] = a[0].reshape(size)
+        return out
+    return run
+
+
 def _concat(st, rtype):
     dim = int(st.attrs["dim"])
     return lambda a, r: np.concatenate(a, axis=dim)
@@ -43,4 +55,4 @@ def _concat(st, rtype):
 DATA_MOVEMENT = {"tensor.pad": _pad, "tensor.collapse_shape": _reshape, "tensor.expand_shape": _reshape,
                   "tensor.reshape": _reshape, "tensor.cast": _reshape, "linalg.transpose": _transpose,
                   "linalg.broadcast": _broadcast, "linalg.fill": _fill, "tensor.extract_slice": _extract_slice,
-                  "tensor.concat": _concat}
+                  "tensor.insert_slice": _insert_slice, "tensor.concat": _concat}

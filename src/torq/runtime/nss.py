@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import TorqError
+from ..isa import element_type_name
 from ..program import Program, Step, np_dtype
 from .kernels.blas import single_thread_run
 from .movement import DATA_MOVEMENT
@@ -133,13 +134,8 @@ def _check_result(out, k: _Kernel) -> None:
                         f"{_type(st.shape, st.dtype)}")
 
 
-_MLIR_NAMES = {np.dtype(np.int8): "i8", np.dtype(np.int16): "i16", np.dtype(np.int32): "i32",
-               np.dtype(np.int64): "i64", np.dtype(np.uint8): "ui8", np.dtype(np.float32): "f32",
-               np.dtype(np.float64): "f64", np.dtype(np.float16): "f16", np.dtype(np.bool_): "i1"}
-
-
 def _type(shape, dtype) -> str:
-    elem = dtype if isinstance(dtype, str) else _MLIR_NAMES.get(np.dtype(dtype), str(dtype)) if dtype else "?"
+    elem = dtype if isinstance(dtype, str) else element_type_name(dtype) if dtype else "?"
     return f"tensor<{'x'.join(map(str, shape))}{'x' if len(shape) else ''}{elem}>"
 
 

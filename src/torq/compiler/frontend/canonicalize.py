@@ -48,7 +48,7 @@ from onnx import helper, numpy_helper
 from ... import numerics
 from .pool_ceil import ceil_pools_to_floor
 from ...graph.walk import subgraphs
-from ...errors import TorqError
+from ...errors import TorqError, one_line
 
 __all__ = ["canonicalize", "REWRITES"]
 
@@ -333,7 +333,7 @@ def _convert_opset(m: onnx.ModelProto, version: int) -> onnx.ModelProto:
         return onnx.version_converter.convert_version(m, version)
     except Exception as e:   # noqa: BLE001 - the converter raises plain RuntimeError
         raise TorqError(f"canonicalize: per-channel DequantizeLinear needs opset {version}, and "
-                        f"converting the model failed: {' '.join(str(e).split())[:200]}") from e
+                        f"converting the model failed: {one_line(e, 200)}") from e
 
 
 def _check(m: onnx.ModelProto) -> onnx.ModelProto:
@@ -341,4 +341,4 @@ def _check(m: onnx.ModelProto) -> onnx.ModelProto:
         onnx.checker.check_model(m, full_check=True)
         return onnx.shape_inference.infer_shapes(m, check_type=True, strict_mode=True)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
-        raise TorqError(f"canonicalize: result fails the ONNX checker: {' '.join(str(e).split())[:300]}") from e
+        raise TorqError(f"canonicalize: result fails the ONNX checker: {one_line(e)}") from e

@@ -3,7 +3,7 @@
 The quantizer keeps a dynamic batch dynamic (README, "Dynamic dims"), but the NPU program has
 static shapes and torch-mlir cannot size a `tensor.empty` from an unknown dim. The compiler
 therefore specialises every unknown or symbolic graph-input dim to 1 — the batch the verifier
-feeds (`torq.reference.random_inputs`) — and drops the value_info that named those symbols,
+feeds (`torq.graph.inputs.random_inputs`) — and drops the value_info that named those symbols,
 so shape inference re-derives the intermediate shapes. A larger batch runs one sample at a time.
 """
 from __future__ import annotations

@@ -43,7 +43,7 @@ def _unary_generic(ctx, op, src_elem: str, dst_elem: str):
     if op is None or op.name != "linalg.generic" or len(op.results) != 1:
         return None
     g = ctx.generic(op)
-    if g is None or not g.parallel or len(g.inputs) != 1 or g.var_inputs != [0]:
+    if g is None or not g.parallel or g.var_inputs != [0]:     # other inputs constant (Clip's bounds)
         return None
     if L.element_type(g.inputs[0]) != src_elem or L.element_type(op.results[0]) != dst_elem:
         return None

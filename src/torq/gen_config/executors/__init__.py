@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ...errors import one_line
+
 EXECUTOR_ORDER = ("nss", "css", "host")
 
 #: reason_code -> what it means (shown by ``view``)
@@ -47,11 +49,6 @@ class Runnable:
             raise ExecutorError("runtime_failed", f"{self.executor} run failed: {one_line(e)}") from None
 
 
-def one_line(e: Exception) -> str:
-    text = " ".join(str(e).split())
-    return (text or type(e).__name__)[:300]
-
-
 def build(name: str, compiled, *, cache_dir=None, rounding: str = "native") -> Runnable:
     from . import css, host, nss
     mod = {"nss": nss, "css": css, "host": host}[name]
@@ -60,7 +57,7 @@ def build(name: str, compiled, *, cache_dir=None, rounding: str = "native") -> R
 
 def frontend(model, debug_ir=None, name=None):
     """``torq.compile`` of a layer/segment (shared by all executors); failures -> import_failed."""
-    from ... import compile as torq_compile
+    from ...compiled import compile as torq_compile
     try:
         return torq_compile(model, debug_ir=debug_ir, name=name)
     except Exception as e:  # noqa: BLE001

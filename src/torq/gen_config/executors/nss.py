@@ -13,17 +13,27 @@ from . import ExecutorError, Runnable, frontend, one_line
 NAME = "nss"
 
 
+FP32_HINT = ("; fp32 layers run on the NPU in bf16 (--auto-convert-bf16) or in int8 (--quantize)")
+
+
 def build(compiled, *, cache_dir=None, rounding: str = "native") -> Runnable:
     try:
         compiled.program  # noqa: B018 - refuses ops without a torq_hl rule
     except Exception as e:  # noqa: BLE001 - "not supported on NSS: <op> at L:C: <reason>"
-        raise ExecutorError("no_pattern", one_line(e)) from None
+        raise ExecutorError("no_pattern", one_line(e) + (FP32_HINT if is_fp32(compiled.model) else "")) from None
 
     def run(inputs):
         t0 = time.perf_counter()
         out = compiled.run(inputs, rounding=rounding)
         return out, (time.perf_counter() - t0) * 1e3
     return Runnable(NAME, run)
+
+
+def is_fp32(model) -> bool:
+    """A float model that is neither quantized nor bf16: the NSS runs neither fp32 arithmetic."""
+    from ...graph.bf16 import is_bf16
+    from ...graph.load import is_quantized
+    return not is_quantized(model) and not is_bf16(model)
 
 
 def _program_path(model, cache_dir) -> Path:
@@ -50,7 +60,7 @@ def from_model(model, *, cache_dir, rounding: str = "native", recompute: bool = 
         except ExecutorError:
             raise
         except Exception as e:  # noqa: BLE001
-            raise ExecutorError("no_pattern", one_line(e)) from None
+            raise ExecutorError("no_pattern", one_line(e) + (FP32_HINT if is_fp32(model) else "")) from None
         try:
             program.save(path)
         except OSError:

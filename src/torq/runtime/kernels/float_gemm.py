@@ -1,11 +1,16 @@
 """Float (bf16) contractions for the NSS simulator: float64 sums, their error bounds, and the
 exact sums of single outputs on request -- what ``numerics.bf16_arith.exact_finish`` needs.
 
-Every bf16 x bf16 product is exact in float64, so BLAS (float64, any blocking) gives sums within
-``sum_bound(K, Σ|w·x|)`` of the exact ones; ``Σ|w·x| <= ||w||·||x||`` (Cauchy-Schwarz) bounds
-that from row and column norms, one cheap pass each. Each function returns a ``Sums``:
-``v`` [R, C] float64, ``bound`` broadcastable to it, and ``exact(rows, cols)`` -> fl32 of the
-exact sums at those positions (numerics.bf16_arith.exact_sum_f32 of their products).
+Every bf16 x bf16 product is exact in float64, so BLAS (float64, any blocking, any order of the
+partial GEMMs) gives sums within ``sum_bound(K, Σ|w·x|)`` of the exact ones, and
+``Σ|w·x| <= ||w||·||x||`` (Cauchy-Schwarz) bounds that from row and column norms. Each function
+returns a ``Sums``: ``v`` [R, C] float64, the bound (``bound`` broadcastable to it, or ``norms``
+= (row norms, column norms, K)), and ``exact(rows, cols)`` -> fl32 of the exact sums there.
+
+Convolutions with unit stride run as one GEMM per kernel tap on the flattened padded image
+("wide" columns: each tap reads a contiguous slice, the GEMM also computes the padding
+columns of every output row, which are dropped), so no column buffer is built; other strides
+build the [K, OH*OW] column buffer once. Depthwise convolutions are one compiled pass.
 """
 from __future__ import annotations
 
@@ -14,6 +19,7 @@ from typing import Callable, NamedTuple
 import numpy as np
 
 from ... import numerics
+from ...numerics.loops import jit
 from .blas import gemm_threads
 
 _B = numerics.bf16_arith
@@ -21,25 +27,30 @@ _B = numerics.bf16_arith
 
 class Sums(NamedTuple):
     v: np.ndarray
-    bound: np.ndarray
+    bound: object            # array broadcastable to v, or None (then ``norms``)
     exact: Callable
+    norms: tuple | None = None
 
 
-def _norms(a: np.ndarray, axis: int) -> np.ndarray:
-    return np.sqrt(np.einsum("ij,ij->" + ("j" if axis == 0 else "i"), a, a))
+def _row_norms(a: np.ndarray) -> np.ndarray:
+    return np.sqrt(np.einsum("ij,ij->i", a, a))
 
 
 class ConvPlan:
-    """A float conv2d (NCHW, groups) with its weights prepared once: [g][O/g, K] float64."""
+    """A float conv2d (NCHW, groups) with its weights prepared once."""
 
     def __init__(self, w, pad, stride, dilation, groups):
         w = np.asarray(w, np.float64)
         self.O, self.cg, self.kh, self.kw = w.shape
         self.g = int(groups)
         self.pad, self.stride, self.dil = [int(p) for p in pad], [int(s) for s in stride], [int(d) for d in dilation]
-        self.w2 = [np.ascontiguousarray(w[i * (self.O // self.g):(i + 1) * (self.O // self.g)].reshape(self.O // self.g, -1))
-                   for i in range(self.g)]
-        self.wn = [_norms(m, 1) for m in self.w2]
+        per = self.O // self.g
+        self.w2 = [np.ascontiguousarray(w[i * per:(i + 1) * per].reshape(per, -1)) for i in range(self.g)]
+        # per tap (i, j): [O/g, C/g] weights, for the unit-stride wide path
+        self.taps = [[np.ascontiguousarray(w[gi * per:(gi + 1) * per, :, i, j]) for i in range(self.kh)
+                      for j in range(self.kw)] for gi in range(self.g)]
+        self.wn = np.concatenate([_row_norms(m) for m in self.w2])
+        self.wide = self.stride == [1, 1] and self.kh * self.kw > 1 and self.g == 1
 
     def out_hw(self, h, w):
         pl, pr, pt, pb = self.pad
@@ -47,62 +58,112 @@ class ConvPlan:
         ow = (w + pl + pr - self.dil[1] * (self.kw - 1) - 1) // self.stride[1] + 1
         return oh, ow
 
-    def columns(self, xp: np.ndarray, oh: int, ow: int) -> np.ndarray:
-        """[C, H', W'] padded float64 image -> [C*KH*KW, OH*OW] (K in (c, kh, kw) order)."""
-        c = xp.shape[0]
-        sh, sw = self.stride
-        dh, dw = self.dil
-        if self.kh == self.kw == 1 and sh == sw == 1:
-            return xp.reshape(c, -1)
-        st = xp.strides
-        view = np.lib.stride_tricks.as_strided(
-            xp, (c, self.kh, self.kw, oh, ow), (st[0], st[1] * dh, st[2] * dw, st[1] * sh, st[2] * sw))
-        return view.reshape(c * self.kh * self.kw, oh * ow)
-
     def sums(self, x: np.ndarray) -> list[Sums]:
         """Per image of the batch: Sums over [O, OH*OW]."""
         pl, pr, pt, pb = self.pad
         out = []
-        for img in np.asarray(x, np.float64):
-            xp = np.pad(img, ((0, 0), (pt, pb), (pl, pr))) if any(self.pad) else img
+        for img in np.asarray(x):
+            xp = np.pad(img.astype(np.float64), ((0, 0), (pt, pb), (pl, pr))) if any(self.pad) \
+                else np.ascontiguousarray(img, np.float64)
             oh, ow = self.out_hw(*img.shape[1:])
-            vs, bs, cols = [], [], []
-            for gi in range(self.g):
-                col = self.columns(np.ascontiguousarray(xp[gi * self.cg:(gi + 1) * self.cg]), oh, ow)
-                with gemm_threads(self.w2[gi].shape[0] * col.size):
-                    vs.append(self.w2[gi] @ col)
-                bs.append(_B.sum_bound(col.shape[0], self.wn[gi][:, None] * _norms(col, 0)[None, :]))
-                cols.append(col)
-            out.append(Sums(np.concatenate(vs), np.concatenate(bs), self._exact(cols)))
+            out.append(self._wide(xp, oh, ow) if self.wide else self._columns(xp, oh, ow))
         return out
 
-    def _exact(self, cols):
+    def _columns(self, xp, oh, ow) -> Sums:
+        vs, cols = [], []
+        for gi in range(self.g):
+            col = _im2col(xp[gi * self.cg:(gi + 1) * self.cg], self.kh, self.kw, self.stride, self.dil, oh, ow)
+            with gemm_threads(self.w2[gi].shape[0] * col.size):
+                vs.append(self.w2[gi] @ col)
+            cols.append(col)
+        cn = np.sqrt(sum(np.einsum("kp,kp->p", c, c) for c in cols)) if self.g == 1 else None
+        if cn is None:      # groups: the bound per group's rows
+            bound = np.concatenate([_B.sum_bound(c.shape[0], self.wn[gi * (self.O // self.g):(gi + 1) * (self.O // self.g), None]
+                                                 * np.sqrt(np.einsum("kp,kp->p", c, c))[None, :])
+                                    for gi, c in enumerate(cols)])
+            return Sums(np.concatenate(vs), bound, self._exact_cols(cols))
+        return Sums(vs[0], None, self._exact_cols(cols), (self.wn, cn, cols[0].shape[0]))
+
+    def _exact_cols(self, cols):
         per = self.O // self.g
 
         def exact(rows, cs):
             return [_B.exact_sum_f32(self.w2[r // per][r % per] * cols[r // per][:, c]) for r, c in zip(rows, cs)]
         return exact
 
+    def _wide(self, xp, oh, ow) -> Sums:
+        c, hp, wp = xp.shape
+        flat = xp.reshape(c, hp * wp)
+        length = (oh - 1) * wp + ow
+        dh, dw = self.dil
+        offs = [i * dh * wp + j * dw for i in range(self.kh) for j in range(self.kw)]
+        vs = []
+        for gi in range(self.g):
+            part = flat[gi * self.cg:(gi + 1) * self.cg]
+            acc = np.zeros((self.O // self.g, oh * wp))
+            with gemm_threads(acc.shape[0] * part.shape[0] * length * len(offs)):
+                for t, off in enumerate(offs):
+                    acc[:, :length] += self.taps[gi][t] @ part[:, off:off + length]
+            vs.append(acc.reshape(-1, oh, wp)[:, :, :ow].reshape(acc.shape[0], -1))
+        sq = np.einsum("chw,chw->hw", xp, xp).reshape(-1)
+        box = np.zeros(oh * wp)
+        for off in offs:
+            box[:length] += sq[off:off + length]
+        cn = np.sqrt(box.reshape(oh, wp)[:, :ow].reshape(-1))
 
-def depthwise_sums(x, w, pad, stride, dilation) -> list[Sums]:
-    """Depthwise conv (weights [C, 1, KH, KW]): per image, Sums over [C, OH*OW] by taps."""
-    w = np.asarray(w, np.float64)
-    C, _, kh, kw = w.shape
-    pl, pr, pt, pb = (int(p) for p in pad)
-    (sh, sw), (dh, dw) = stride, dilation
-    out = []
-    for img in np.asarray(x, np.float64):
-        xp = np.pad(img, ((0, 0), (pt, pb), (pl, pr)))
-        oh = (xp.shape[1] - dh * (kh - 1) - 1) // sh + 1
-        ow = (xp.shape[2] - dw * (kw - 1) - 1) // sw + 1
-        v = np.zeros((C, oh, ow))
-        a = np.zeros((C, oh, ow))
+        def exact(rows, cs):
+            res = []
+            for r, p in zip(rows, cs):
+                base = (p // ow) * wp + p % ow
+                res.append(_B.exact_sum_f32(np.concatenate([self.taps[0][t][r] * flat[:, base + off]
+                                                             for t, off in enumerate(offs)])))
+            return res
+        return Sums(vs[0], None, exact, (self.wn, cn, self.cg * len(offs)))
+
+
+def _im2col(xp, kh, kw, stride, dil, oh, ow) -> np.ndarray:
+    """[C, H', W'] padded image -> [C*KH*KW, OH*OW] (K in (c, kh, kw) order)."""
+    c = xp.shape[0]
+    (sh, sw), (dh, dw) = stride, dil
+    if kh == kw == 1 and sh == sw == 1:
+        return xp.reshape(c, -1)
+    st = xp.strides
+    view = np.lib.stride_tricks.as_strided(xp, (c, kh, kw, oh, ow), (st[0], st[1] * dh, st[2] * dw, st[1] * sh, st[2] * sw))
+    return view.reshape(c * kh * kw, oh * ow)
+
+
+@jit
+def _dw_loop(xp, w, sh, sw, dh, dw, oh, ow):
+    """Depthwise taps in one pass: float64 sums and sums of |w x| per output."""
+    c_n, kh, kw = w.shape[0], w.shape[2], w.shape[3]
+    v = np.zeros((c_n, oh, ow))
+    a = np.zeros((c_n, oh, ow))
+    for c in range(c_n):
         for i in range(kh):
             for j in range(kw):
-                win = xp[:, i * dh:i * dh + sh * (oh - 1) + 1:sh, j * dw:j * dw + sw * (ow - 1) + 1:sw]
-                t = w[:, 0, i, j][:, None, None] * win
-                v += t
-                a += np.abs(t)
+                t = w[c, 0, i, j]
+                ta = abs(t)
+                for r in range(oh):
+                    row = xp[c, r * sh + i * dh]
+                    for q in range(ow):
+                        p = t * row[q * sw + j * dw]
+                        v[c, r, q] += p
+                        a[c, r, q] += ta * abs(row[q * sw + j * dw])
+    return v, a
+
+
+def depthwise_sums(x, w, pad, stride, dilation) -> list[Sums]:
+    """Depthwise conv (weights [C, 1, KH, KW]): per image, Sums over [C, OH*OW]."""
+    w = np.ascontiguousarray(w, np.float64)
+    C, _, kh, kw = w.shape
+    pl, pr, pt, pb = (int(p) for p in pad)
+    (sh, sw), (dh, dw) = [int(s) for s in stride], [int(d) for d in dilation]
+    out = []
+    for img in np.asarray(x):
+        xp = np.pad(img.astype(np.float64), ((0, 0), (pt, pb), (pl, pr)))
+        oh = (xp.shape[1] - dh * (kh - 1) - 1) // sh + 1
+        ow = (xp.shape[2] - dw * (kw - 1) - 1) // sw + 1
+        v, a = _dw_loop(xp, w, sh, sw, dh, dw, oh, ow)
 
         def exact(rows, cs, xp=xp, ow=ow):
             res = []
@@ -126,11 +187,12 @@ def matmul_sums(x, y) -> Sums:
         v = np.matmul(xb, yb).reshape(-1, n)
     xn = np.sqrt(np.einsum("bmk,bmk->bm", xb, xb)).reshape(-1)
     yn = np.sqrt(np.einsum("bkn,bkn->bn", yb, yb))
-    bound = _B.sum_bound(k, xn[:, None] * np.repeat(yn, m, axis=0))
 
     def exact(rows, cols):
         return [_B.exact_sum_f32(xb[r // m, r % m] * yb[r // m, :, c]) for r, c in zip(rows, cols)]
-    return Sums(v, bound, exact)
+    if xb.shape[0] == 1:
+        return Sums(v, None, exact, (xn, yn[0], k))
+    return Sums(v, _B.sum_bound(k, xn[:, None] * np.repeat(yn, m, axis=0)), exact)
 
 
 def window_sums(x, kernel, stride, pad) -> Sums:

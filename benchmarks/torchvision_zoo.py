@@ -1,7 +1,7 @@
 """The torchvision zoo, whole, on the NSS: export → quantize → compile → verify, one table.
 
-    python benchmarks/zoo.py                          # every model × the three flag sets
-    python benchmarks/zoo.py --models resnet18,googlenet --flags qdq,qop
+    python benchmarks/torchvision_zoo.py                          # every model × the three flag sets
+    python benchmarks/torchvision_zoo.py --models resnet18,googlenet --flags qdq,qop
     make zoo
 
 Needs the optional `zoo` extra (CPU torch + torchvision, export only; never a runtime dependency).

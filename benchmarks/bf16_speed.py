@@ -1,0 +1,86 @@
+"""NSS bf16 speed vs ONNX Runtime fp32, same process, interleaved rounds, ratios.
+
+    python benchmarks/bf16_speed.py [--models resnet18,mobilenet_v2] [--rounds 7] [--batch 8]
+
+Per model (torchvision architecture, ``zoo.export``: random weights, 224x224): the fp32 model on
+ORT (default session: every core), and the same model converted to bf16 (``--auto-convert-bf16``)
+on the NSS simulator: batch 1 in one thread of calls, and ``--batch`` images per call run as
+sub-batches side by side on every core (``evaluate``'s ``NssEngine``), against ORT on the same
+batch. Each round runs every variant once, so a slow period of the (shared, 2-vCPU) host hits
+all of them; the ratio printed is the median of the same-round ratios. The host load is printed
+before and after: a loaded host slows BLAS-heavy code more than ORT's own thread pool, so read a
+loaded run's ratios as upper bounds.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import zoo  # noqa: E402
+
+
+def _time(fn) -> float:
+    t = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t) * 1e3
+
+
+def bench(name: str, rounds: int, batch: int) -> dict:
+    import torq
+    from torq import reference
+    from torq.evaluate.engines import NssEngine, with_batch
+    from torq.graph.bf16 import convert_to_bf16
+    from torq.graph.load import load_model
+    fp32 = load_model(zoo.export(name))
+    t0 = time.perf_counter()
+    bf16 = convert_to_bf16(fp32)
+    one = torq.compile(bf16)
+    compile_s = time.perf_counter() - t0
+    engine = NssEngine(bf16, batch)
+    sess1, sessb = reference.session(fp32), reference.session(with_batch(fp32, batch))
+    rng = np.random.default_rng(0)
+    inp = fp32.graph.input[0].name
+    x1 = {inp: rng.standard_normal((1, 3, 224, 224)).astype(np.float32)}
+    xb = rng.standard_normal((batch, 3, 224, 224)).astype(np.float32)
+    variants = {"ORT fp32 b1": lambda: sess1.run(None, x1), "NSS bf16 b1": lambda: one.run(x1),
+                f"ORT fp32 b{batch}": lambda: sessb.run(None, {inp: xb}),
+                f"NSS bf16 b{batch} x{engine.threads} threads": lambda: engine(xb)}
+    for fn in variants.values():      # warm-up: compiled loops, BLAS buffers
+        fn()
+    times = {k: [] for k in variants}
+    for _ in range(rounds):
+        for k, fn in variants.items():
+            times[k].append(_time(fn))
+    keys = list(variants)
+    r1 = statistics.median(a / b for a, b in zip(times[keys[1]], times[keys[0]]))
+    rb = statistics.median(a / b for a, b in zip(times[keys[3]], times[keys[2]]))
+    return {"model": name, "compile_s": round(compile_s, 1),
+            **{k: round(statistics.median(v), 1) for k, v in times.items()},
+            "ratio_b1": round(r1, 2), f"ratio_b{batch}": round(rb, 2),
+            "images_per_s_nss": round(batch * 1e3 / statistics.median(times[keys[3]]), 1),
+            "images_per_s_ort": round(batch * 1e3 / statistics.median(times[keys[2]]), 1)}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="resnet18,mobilenet_v2")
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--batch", type=int, default=8)
+    args = ap.parse_args(argv)
+    print(f"host load before (1/5/15 min): {' '.join(f'{v:.1f}' for v in os.getloadavg())}, {os.cpu_count()} cores")
+    for m in args.models.split(","):
+        row = bench(m.strip(), args.rounds, args.batch)
+        print("  ".join(f"{k}: {v}" for k, v in row.items()), flush=True)
+    print(f"host load after: {' '.join(f'{v:.1f}' for v in os.getloadavg())}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
