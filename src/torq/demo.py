@@ -64,12 +64,13 @@ def discover_step(out_dir: str | Path = OUT_DIR):
     """torq-gen-config discover: every layer quantized alone, tried on NSS, CSS and HOST."""
     from .gen_config.discover import DiscoverOptions, run_discovery
     from .gen_config.options import QuantSettings
+    from .quantize import Recipe
     from .gen_config.progress import layer_progress
     from .gen_config.view import print_table
 
     out_dir = Path(out_dir)
     opts = DiscoverOptions(model=out_dir / "example.onnx", output_dir=out_dir,
-                           quant=QuantSettings(quantize=True, full_integer=True))
+                           quant=QuantSettings(quantize=True, recipe=Recipe(full_integer=True)))
     print("[5] torq-gen-config discover --quantize --full-integer (each layer on nss, css, host vs ORT):")
     with layer_progress("discover") as bar:
         report, path = run_discovery(opts, bar)

@@ -30,7 +30,7 @@ def _features(x: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def build(path: Path) -> Path:
-    from torq.evaluate.datasets import load_dataset
+    from torq.data.datasets import load_dataset
     train = load_dataset(TRAIN)
     rng = np.random.default_rng(0)
     w = rng.normal(0, 0.4, (8, 1, 5, 5)).astype(np.float32)

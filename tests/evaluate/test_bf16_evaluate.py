@@ -7,7 +7,7 @@ import json
 import numpy as np
 
 import torq
-from torq.evaluate.datasets import load_dataset
+from torq.data.datasets import load_dataset
 from torq.gen_config.cli import main
 from torq.graph.bf16 import convert_to_bf16
 from torq.graph.load import load_model

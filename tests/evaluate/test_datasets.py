@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from torq.errors import TorqError
-from torq.evaluate.datasets import load_dataset, parse_labels_file, read_idx
-from torq.evaluate.preprocess import parse_preprocess
+from torq.data.datasets import load_dataset, parse_labels_file, read_idx
+from torq.data.preprocess import parse_preprocess
 
 from .conftest import need_fmnist
 from .fmnist_probe import TEST

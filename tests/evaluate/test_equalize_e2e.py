@@ -46,15 +46,15 @@ def test_evaluate_equalize(tmp_path, capsys):
     need_fmnist()
     model = _skewed_cnn(tmp_path / "skewed.onnx")
     reports = {}
-    for flag in (["--no-equalize", "--no-bias-correction"], []):     # CLE + bias correction are the default
-        out = tmp_path / ("plain" if flag else "eq")
+    for flag in (["--no-equalize", "--no-bias-correction"], ["--equalize", "--bias-correction"]):
+        out = tmp_path / ("plain" if "--no-equalize" in flag else "eq")
         code = main(["evaluate", "--model", str(model), "--dataset", str(TEST), "--limit", "20",
                      "--calibration-data", str(TRAIN), "--num-calib", "16", "--preprocess", "norm=unit",
                      "--batch", "10", "--per-tensor", "-o", str(out), *flag])
         assert code == 0, capsys.readouterr().err
-        reports[not flag] = json.loads((out / "evaluation.json").read_text())
+        reports["--no-equalize" not in flag] = json.loads((out / "evaluation.json").read_text())
     eq, plain = reports[True], reports[False]
-    assert eq["settings"]["equalize"] is True and plain["settings"]["equalize"] is False
+    assert eq["settings"]["recipe"]["equalize"] == "bounded" and plain["settings"]["recipe"]["equalize"] == "off"
     assert eq["per_image"]["fp32"] == plain["per_image"]["fp32"]        # the FP32 row is the model as given
     assert eq["agreement_nss_vs_ort"] >= 0.95
     sqnr = {s["tensor"]: s["sqnr_db"] for s in eq["sqnr_db"]}

@@ -8,7 +8,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from torq.evaluate.datasets import load_dataset
+from torq.data.datasets import load_dataset
 from torq.evaluate.engines import NssEngine, with_batch
 from torq.gen_config.cli import main
 
@@ -38,7 +38,7 @@ def test_evaluate_20_images(probe_model, tmp_path, capsys):
     assert rep["per_image"]["label"] == test.labels[:20].tolist()
     assert rep["fp32"]["top1"] >= 0.6                       # a real classifier, not chance (0.1)
     # default: exact scales, on which the NSS's native rounding is ORT's, logit for logit
-    assert rep["settings"]["exact_scales"] is True
+    assert rep["settings"]["recipe"]["exact_scales"] is True
     assert rep["agreement_nss_vs_ort"] == 1.0 and rep["lsb_diff_nss_vs_ort"] == {"0": 20 * 10}
     assert len(rep["sqnr_db"]) >= 3 and all(float(s["sqnr_db"]) > 10 for s in rep["sqnr_db"])
     for name in ("evaluation.md", "sqnr.png", "lsb_hist.png"):

@@ -6,7 +6,7 @@ import math
 import numpy as np
 
 from torq.evaluate import metrics
-from torq.evaluate.datasets import Dataset
+from torq.data.datasets import Dataset
 from torq.evaluate.run import EvalOptions
 from torq.evaluate.result import EvalResult
 

@@ -154,5 +154,5 @@ def test_quantize_api_and_cli_flag(tmp_path, capsys):
     assert np.all(nx.exact_dyadic(scales(q)))
     assert not np.all(nx.exact_dyadic(scales(torq.quantize(str(src), per_channel=True))))
     assert main(["quantize", "--model", str(src), "--per-channel", "--exact-scales", "-o", str(tmp_path / "q.onnx")]) == 0
-    assert "exact scales" in capsys.readouterr().out
+    assert "exact_scales=True" in capsys.readouterr().out
     assert np.all(nx.exact_dyadic(scales(onnx.load(tmp_path / "q.onnx"))))

@@ -67,7 +67,7 @@ def test_cli_quantize_equalize(tmp_path):
     r = cli("quantize", "--model", tmp_path / "net.onnx", "--equalize", "--full-integer",
             "--calibration-data", tmp_path / "c.npz", "--num-calib", "4", "-o", tmp_path / "eq.onnx")
     assert r.returncode == 0, r.stderr
-    assert "equalized" in r.stdout
+    assert "equalize=bounded" in r.stdout
     r = cli("quantize", "--model", tmp_path / "net.onnx", "--full-integer",
             "--calibration-data", tmp_path / "c.npz", "--num-calib", "4", "-o", tmp_path / "plain.onnx")
     assert r.returncode == 0, r.stderr

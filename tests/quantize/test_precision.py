@@ -39,8 +39,9 @@ def test_tensor_overrides_make_each_layer_output_int16(cnn):
     assert tensor_overrides(cnn, {}) == {} and tensor_overrides(cnn, {"conv1": "int8"}) == {}
 
 
-@pytest.mark.parametrize("bad, expect", [({"nope": "int16"}, "no node named 'nope'"),
-                                         ({"conv1": "int4"}, "'int4' is not one of int8, int16")])
+@pytest.mark.parametrize("bad, expect", [((("nope", "int16"),), "no node 'nope'"),
+                                         ((("conv1", "int4"),), "bad entry"),
+                                         ((("conv1", "auto"),), "bad entry")])
 def test_bad_precision_is_a_one_line_error(cnn, bad, expect):
     with pytest.raises(TorqError, match=expect):
         quantize(cnn, precision=bad)
@@ -60,7 +61,7 @@ def test_parse_precision(cnn):
 def test_mixed_model_runs_on_the_nss_and_verifies_against_ort(cnn, promoted):
     """int8 and int16 layers side by side (int8 in / int16 out, int16 in / int8 out, mixed Add
     inputs): every op on the NSS, verify ok against ORT."""
-    q = quantize(cnn, precision={n: "int16" for n in promoted}, per_channel=True, full_integer=True)
+    q = quantize(cnn, precision=tuple((n, "int16") for n in promoted), per_channel=True, full_integer=True)
     wide = {n.input[2] for n in q.graph.node if n.op_type == "QuantizeLinear"
             and next(t for t in q.graph.initializer if t.name == n.input[2]).data_type == onnx.TensorProto.INT16}
     assert wide
@@ -90,7 +91,7 @@ def _auto(cnn, budget, cap=0.5):
     def qfn(prec):
         from torq.quantize.calibration import ArrayDataReader
         reader = ArrayDataReader(calib)
-        return quantize(cnn, calibration_data_reader=reader, per_channel=True, precision=prec)
+        return quantize(cnn, calibration_data_reader=reader, per_channel=True, precision=tuple(prec.items()))
     return choose(cnn, qfn, calib, hold, budget, max_int16_share=cap)
 
 
@@ -110,4 +111,20 @@ def test_auto_precision_promotes_nothing_when_int8_is_within_budget(cnn):
     assert res.precision == {} and res.met and res.int8_mac_share == 1.0
     assert all("all-int8 is within the budget" in c.why for c in res.layers)
     with pytest.raises(TorqError, match="accuracy-budget"):
-        _auto(cnn, -1.0)
+        quantize(cnn, precision=(("*", "auto"),), accuracy_budget=-1.0)
+
+
+def test_recipe_precision_auto_applies_the_choice_and_stamps_it(cnn):
+    """quantize(precision=auto): the chosen int16 layers are in the recipe stamped on the model,
+    the per-layer report in its metadata, and the model's own int16 tensors are theirs."""
+    from torq.quantize.calibration import ArrayDataReader
+    from torq.quantize.precision import precision_of, stamped
+    from torq.quantize.recipe import recipe_of
+    samples = samples_of(SyntheticDataReader(cnn, 9))
+    q = quantize(cnn, calibration_data_reader=ArrayDataReader(samples), per_channel=True,
+                 precision=(("*", "auto"),), accuracy_budget=0.0)
+    report, recipe = stamped(q), recipe_of(q)
+    assert report["holdout_images"] == 3 and len(report["layers"]) == 7
+    chosen = {n for n, p in recipe.precision if p == "int16"}
+    assert chosen == set(report["int16_layers"])
+    assert {n for n, p in precision_of(q).items() if p == "int16"} >= chosen

@@ -1,6 +1,7 @@
 """``evaluate --precision bf16``: FP32 (ORT) vs BF16 (NSS) on a labelled dataset.
 
-The fp32 model goes through the same front end as the int8 path (``quantize.fold``), is
+The fp32 model goes through the same front end as the int8 path (the recipe's fold and dead
+channels, ``quantize.recipe.front_end``), is
 converted to bf16 (``graph.bf16``: what ``--auto-convert-bf16`` runs on the NPU), and every
 evaluation image is classified by ONNX Runtime fp32 and by the NSS simulator running the bf16
 model. No calibration: bf16 needs none. Batches, threads, --jobs and Ray work as for int8 (the
@@ -11,7 +12,7 @@ from __future__ import annotations
 import time
 
 from ..errors import TorqError
-from .datasets import Dataset, load_dataset
+from ..data.datasets import Dataset, load_dataset
 from .engines import OrtEngine
 from .result import EvalResult
 
@@ -23,16 +24,16 @@ def evaluate_bf16(model, dataset, opts) -> EvalResult:
     import numpy as np
 
     from ..graph.bf16 import convert_to_bf16
-    from ..graph.load import load_model
-    from ..quantize.fold import fold_fp32
-    from .run import batches, input_shape
+    from ..quantize.calibration import image_input
+    from ..quantize.recipe import front_end, load_fp32
+    from .run import batches
     if opts.batch < 1:
         raise TorqError(f"--batch {opts.batch} must be at least 1")
     data = dataset if isinstance(dataset, Dataset) else load_dataset(dataset)
     if opts.limit:
         data = data.subset(np.arange(min(opts.limit, len(data))))
-    fp32 = fold_fp32(load_model(model))
-    name, shape = input_shape(fp32)
+    fp32 = front_end(opts.recipe, load_fp32(model)[0])
+    name, shape = image_input(fp32, "evaluate")
     bf16 = convert_to_bf16(fp32)
     fp32_engine = OrtEngine(fp32)
     classes = int(np.prod(fp32_engine(opts.preprocess.batch([data.load(0)], shape, name)).shape[1:]))

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 import textwrap
 from pathlib import Path
 
@@ -20,7 +21,12 @@ DESCRIPTION = """
     be a plain folder of images. Calibration images are never evaluation images.
 
     --preprocess: key=value,... with resize=S (short side), crop=C (centre), norm=tf|imagenet|
-    mnist|unit|raw or mean=M,std=S (R/G/B allowed), order=rgb|bgr, layout=nchw|nhwc, channels=1|3.
+    mnist|unit|raw or mean=M,std=S (R/G/B allowed), order=rgb|bgr, layout=nchw|nhwc, channels=1|3;
+    the same spec turns calibration images into inputs (quantize/discover/run take it too).
+
+    The int8 model is the recipe's (--recipe, default: the recommended one) in its full-integer
+    form: `torq-gen-config quantize --recipe R --full-integer` with the same calibration data
+    writes it bit for bit.
 """
 EPILOG = """
     examples:
@@ -39,31 +45,16 @@ def register(sub) -> None:
                        description=textwrap.dedent(DESCRIPTION).strip(), epilog=textwrap.dedent(EPILOG).strip())
     p.add_argument("--model", "-m", required=True, metavar="MODEL.onnx", help="fp32 ONNX classifier")
     p.add_argument("--dataset", "-d", required=True, metavar="SPEC", help="labelled evaluation data")
-    calib = p.add_mutually_exclusive_group()
-    calib.add_argument("--calibration-data", metavar="SPEC", help="calibration images (labels optional)")
-    calib.add_argument("--calibration-split", type=int, default=0, metavar="N",
-                       help="hold N random images of --dataset apart for calibration (not evaluated)")
-    p.add_argument("--num-calib", type=int, default=100, metavar="N",
-                   help="use at most N calibration images (default 100)")
-    p.add_argument("--preprocess", default="", metavar="KEY=VALUE,...", help="declared preprocessing (see above)")
-    p.add_argument("--calibrate-method", default="minmax", metavar="{minmax,entropy,percentile}",
-                   help="activation ranges from calibration data (default minmax, per channel: the smallest mean "
-                        "top-1 loss measured on EfficientNet-Lite0 and Fashion-MNIST; see README)")
-    p.add_argument("--per-tensor", action="store_true", help="one weight scale per tensor (default per channel)")
-    p.add_argument("--equalize", action=argparse.BooleanOptionalAction, default=True,
-                   help="cross-layer equalization before quantizing (fp32 transform: consecutive Conv → "
-                        "Relu/ReLU6 → Conv channels rescaled to equal weight ranges; ReLU6 channels only "
-                        "as far as the calibration images stay under the clip). Default on")
-    p.add_argument("--bias-correction", action=argparse.BooleanOptionalAction, default=True,
-                   help="correct Conv/Gemm biases for int8 weight rounding before quantizing (fp32 transform). "
-                        "Default on")
-    p.add_argument("--exact-scales", action=argparse.BooleanOptionalAction, default=True,
-                   help="move each weight scale (typically 0.1 %%, at most 5 %%) so that ONNX Runtime's float "
-                        "requantization is exact: the NSS's native rounding is then bit-exact with INT8 (ORT). "
-                        "Default on")
-    p.add_argument("--precision", choices=["int8", "bf16"], default="int8",
-                   help="int8: FP32 vs INT8 (ORT) vs INT8 (NSS), calibrated (default); bf16: FP32 vs BF16 (NSS), "
-                        "the model converted as --auto-convert-bf16 does (no calibration)")
+    p.add_argument("--calibration-split", type=int, default=0, metavar="N",
+                   help="hold N random images of --dataset apart for calibration (not evaluated); "
+                        "instead of --calibration-data")
+    from ..quantize.recipe import RECOMMENDED
+    from ..quantize.recipe_flags import add_recipe_arguments
+    add_recipe_arguments(p, default=RECOMMENDED)
+    p.add_argument("--half", choices=["all", "tune", "report"], default="all",
+                   help="evaluate a seeded half of the images: choose settings on 'tune', quote numbers from "
+                        "'report' (default all)")
+    p.add_argument("--split-seed", type=int, default=0, metavar="S", help="seed of the tune/report halves (default 0)")
     p.add_argument("--limit", type=int, metavar="N", help="evaluate only the first N images")
     p.add_argument("--batch", type=int, default=8, metavar="B", help="images per NSS call (default 8)")
     p.add_argument("--jobs", type=int, default=1, metavar="N", help="NSS worker processes (default 1)")
@@ -86,9 +77,9 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from .preprocess import parse_preprocess
+    from ..quantize.recipe_flags import recipe_from_args
     from .run import EvalOptions, evaluate
-    for flag in ("batch", "jobs", "num_calib"):
+    for flag in ("batch", "jobs"):
         if getattr(args, flag) < 1:
             raise TorqError(f"--{flag.replace('_', '-')} {getattr(args, flag)} must be at least 1")
     if args.threads < 0:
@@ -97,15 +88,12 @@ def run(args) -> int:
         raise TorqError(f"--limit {args.limit} must be at least 1")
     if not Path(args.model).is_file():
         raise TorqError(f"--model {args.model}: no such file")
-    opts = EvalOptions(preprocess=parse_preprocess(args.preprocess), batch=args.batch, limit=args.limit,
-                       calibration=args.calibration_data, calibration_split=args.calibration_split,
-                       num_calib=args.num_calib, per_channel=not args.per_tensor,
-                       calibrate_method=args.calibrate_method.lower(),
-                       bias_correction=args.bias_correction, equalize=args.equalize,
+    recipe = recipe_from_args(args)
+    opts = EvalOptions(recipe=recipe, batch=args.batch, limit=args.limit, calibration_split=args.calibration_split,
+                       half=args.half, split_seed=args.split_seed,
                        sqnr_images=args.sqnr_images, onnx_reference=args.onnx_reference,
-                       jobs=args.jobs, threads=args.threads, ray=args.ray, rounding=args.rounding,
-                       exact_scales=args.exact_scales)
-    if args.precision == "bf16":
+                       jobs=args.jobs, threads=args.threads, ray=args.ray, rounding=args.rounding)
+    if recipe.precision == (("*", "bf16"),):
         from .bf16_run import evaluate_bf16
         result = evaluate_bf16(args.model, args.dataset, opts)
     else:
@@ -113,4 +101,6 @@ def run(args) -> int:
     print(result.markdown())
     for path in result.write(args.output_dir):
         print(f"wrote {path}")
-    return 0
+    for w in result.warnings():     # an error without a declared norm (raw pixels), else a warning
+        print(f"torq-gen-config evaluate: {'error' if result.refused() else 'WARNING'}: {w}", file=sys.stderr)
+    return 1 if result.refused() else 0

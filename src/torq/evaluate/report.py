@@ -21,18 +21,27 @@ def _pct(v: float) -> str:
 
 def markdown(r) -> str:
     has_top5 = r.top["fp32"].shape[1] >= 5
-    setup = (f"calibration: {r.settings['calibration']} ({r.settings['calibration_images']} images, "
-             f"{r.settings['calibrate_method']}, per-channel={r.settings['per_channel']})"
+    setup = (f"calibration: {r.settings['calibration']} ({r.settings['calibration_images']} images); recipe "
+             f"{r.settings['recipe_name']} [{r.settings['recipe_fingerprint']}]"
              if r.settings.get("precision") != "bf16" else "bf16 (no calibration)")
     lines = [f"# Accuracy of `{Path(r.model).name}` on `{r.dataset}`", "",
-             f"{r.images} evaluation images; {setup}; preprocessing `{r.settings['preprocess']}`.", "",
-             "| path | top-1 % | " + ("top-5 % | " if has_top5 else "") + "top-1 agreement with FP32 % | images/s |",
-             "|---|---|" + ("---|" if has_top5 else "") + "---|---|"]
+             f"{r.images} evaluation images; {setup}; preprocessing `{r.settings['preprocess']}`"
+             + (f"; images: the {r.settings['half']} half (seed {r.settings['split_seed']})"
+                if r.settings.get("half", "all") != "all" else "") + ".", "",
+             *[f"**WARNING: {w}**" for w in r.warnings()],
+             "| path | top-1 % (95 % interval) | Δ top-1 vs FP32, points (95 % interval) | "
+             + ("top-5 % | " if has_top5 else "") + "top-1 agreement with FP32 % | images/s |",
+             "|---|---|---|" + ("---|" if has_top5 else "") + "---|---|"]
+    iv = r.intervals()
     for p in r.paths:
         label, acc = _LABELS[p].format(rounding=r.settings.get("rounding", "native")), r.accuracy(p)
         top5 = f"{_pct(acc['top5'])} | " if has_top5 else ""
-        lines.append(f"| {label} | {_pct(acc['top1'])} | {top5}{_pct(r.agreement(p, 'fp32'))} | "
-                     f"{r.images_per_s(p):.1f} |")
+        lo, hi = iv["top1_ci95"][p]
+        d = iv["top1_diff_vs_fp32"].get(p)
+        delta = f"{100 * d['diff']:+.2f} ({100 * d['ci95'][0]:+.2f} … {100 * d['ci95'][1]:+.2f}): {d['verdict']}" \
+            if d else "-"
+        lines.append(f"| {label} | {_pct(acc['top1'])} ({_pct(lo)} … {_pct(hi)}) | {delta} | {top5}"
+                     f"{_pct(r.agreement(p, 'fp32'))} | {r.images_per_s(p):.1f} |")
     lines += [""]
     if "int8_ort" in r.paths:
         lines += [f"INT8 (NSS) vs INT8 (ORT) top-1 agreement: {_pct(r.agreement('int8_nss', 'int8_ort'))} %.", ""]
@@ -63,6 +72,11 @@ def markdown(r) -> str:
 def write(r, folder: Path, plots: bool = True) -> list[Path]:
     written = [atomic_write_json(folder / "evaluation.json", r.to_json()),
                atomic_write_text(folder / "evaluation.md", markdown(r) + "\n")]
+    if r.int8_model is not None:        # the model measured: what `quantize --recipe` writes
+        from ..fileio import save_model
+        path = folder / f"{Path(r.model).stem}.int8.onnx"
+        save_model(r.int8_model, path)
+        written.append(path)
     if plots:
         written += [p for p in (_plot_sqnr(r, folder / "sqnr.png"), _plot_lsb(r, folder / "lsb_hist.png")) if p]
     return written
@@ -91,7 +105,7 @@ def _plot_sqnr(r, path: Path) -> Path | None:
     ax.plot(range(len(vals)), vals, marker="o", markersize=3)
     ax.set_xlabel("quantized activation (graph order)")
     ax.set_ylabel("SQNR INT8 vs FP32 (dB)")
-    ax.set_title(f"{Path(r.model).name}: per-layer SQNR ({r.settings['calibrate_method']})")
+    ax.set_title(f"{Path(r.model).name}: per-layer SQNR ({r.settings['recipe']['calibrate_method']})")
     ax.grid(alpha=0.3)
     return _save(plt, fig, path)
 

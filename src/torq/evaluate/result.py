@@ -28,16 +28,17 @@ class EvalResult:
     ort_margin: np.ndarray | None = None               # ORT int8 top-1 − top-2 logit (LSB)
     precision: dict = field(default_factory=dict)      # quantize.sensitivity.precision_summary
     _ort_logits: dict = field(default_factory=dict, repr=False)
+    int8_model: object = field(default=None, repr=False)    # the int8 ModelProto measured
 
     @classmethod
     def start(cls, model, data, opts, classes: int, calib_images: int, paths=PATHS) -> "EvalResult":
         k = min(5, classes)
-        settings = {"preprocess": opts.preprocess.describe(), "batch": opts.batch, "rounding": opts.rounding,
-                    "per_channel": opts.per_channel, "calibrate_method": opts.calibrate_method,
-                    "bias_correction": opts.bias_correction, "equalize": opts.equalize,
-                    "exact_scales": opts.exact_scales, "precision": opts.precision,
-                    "accuracy_budget": opts.accuracy_budget if opts.precision == "auto" else None,
-                    "onnx_reference": opts.onnx_reference,
+        from ..quantize.recipe import preset_name
+        recipe = opts.measured_recipe
+        settings = {"preprocess": opts.preprocess.describe(), "preprocess_spec": recipe.preprocess, "batch": opts.batch, "rounding": opts.rounding,
+                    "recipe": recipe.to_dict(), "recipe_fingerprint": recipe.fingerprint(),
+                    "recipe_name": preset_name(recipe) or "custom",
+                    "onnx_reference": opts.onnx_reference, "half": opts.half, "split_seed": opts.split_seed,
                     "calibration": opts.calibration or f"split of {opts.calibration_split}",
                     "calibration_images": min(calib_images, opts.num_calib), "classes": classes}
         r = cls(str(model), data.name, data.labels.copy(), settings)
@@ -101,6 +102,34 @@ class EvalResult:
         return dict(sorted(metrics.disagreement_margins(
             self.top["int8_nss"], self.top["int8_ort"], self.ort_margin).items()))
 
+    def correct(self, path: str) -> np.ndarray:
+        """Per image: 1 if ``path``'s top-1 is the label."""
+        return (self.top[path][:, 0] == self.labels).astype(np.int64)
+
+    def intervals(self) -> dict:
+        """95 % intervals: each path's top-1 (Wilson) and each INT8 path minus FP32 (paired bootstrap)."""
+        from .protocol import paired_bootstrap, wilson
+        out = {"top1_ci95": {p: list(wilson(int(self.correct(p).sum()), self.images)) for p in self.paths}}
+        out["top1_diff_vs_fp32"] = {p: paired_bootstrap(self.correct("fp32"), self.correct(p))
+                                    for p in self.paths if p != "fp32"} if self.images else {}
+        return out
+
+    def refused(self) -> bool:
+        """FP32 at chance level with no normalisation declared: the usual raw-pixels mistake."""
+        from ..quantize.calibration import has_norm
+        return bool(self.warnings()) and not has_norm(self.settings.get("preprocess_spec", ""))
+
+    def warnings(self) -> list[str]:
+        """What makes the numbers meaningless: FP32 at chance level (usually the preprocessing)."""
+        from .protocol import at_chance
+        classes = self.settings.get("classes", 0)
+        hits = int(self.correct("fp32").sum())
+        if at_chance(hits, self.images, classes):
+            return [f"FP32 top-1 {100 * hits / max(1, self.images):.1f} % is at chance level "
+                    f"({100 / classes:.1f} % for {classes} classes): the inputs are not what the model was "
+                    f"trained on; check --preprocess norm= (now: {self.settings['preprocess']})"]
+        return []
+
     def images_per_s(self, path: str) -> float:
         s = self.seconds[path]
         return self.images / s if s > 0 else math.inf
@@ -122,6 +151,7 @@ class EvalResult:
             out["nss_vs_ort_disagreements_by_ort_margin_lsb"] = {str(k): v for k, v in margins.items()}
             out["ort_margin_lsb_counts"] = {str(k): int(v) for k, v in zip(
                 *np.unique(np.minimum(self.ort_margin, 16), return_counts=True))}
+        out.update(self.intervals())
         out["images_per_s"] = {p: self.images_per_s(p) for p in self.paths}
         if self.precision:
             out["precision"] = self.precision

@@ -55,24 +55,46 @@ class Context:
 
 
 def model_and_layers(model_path: Path, quant: QuantSettings, subgraph=(None, None), lazy: bool = False):
-    """(layers, report-name suffix, the model the executor map is for): the fp32 model (or the
-    sub-graph's nodes), quantized with the same flags under ``--quantize``. ``lazy``: the third
-    item is a function that builds that model (discover may find its map in the cache)."""
+    """(layers, report-name suffix, the model the executor map is for). Layers are cut from the
+    *prepared* fp32 model (the recipe's front end, and under ``--quantize`` its CLE / bias
+    correction), the graph the whole-model quantization starts from, so each layer discover tests
+    is the layer the whole-model compile sees. ``lazy``: the third item is a function that builds
+    the model (discover may find its map in the cache)."""
     from ..graph import extract_segment
-    from ..graph.load import load_model
-    fp32 = load_model(model_path)
-    layers, suffix = select_layers(fp32, subgraph)
+    prepared = prepared_fp32(model_path, quant)
+    layers, suffix = select_layers(prepared, subgraph)
 
     def build():
-        base = extract_segment(fp32, [lay.node_index for lay in layers]) if suffix else fp32
+        base = extract_segment(prepared, [lay.node_index for lay in layers]) if suffix else prepared
         if quant.auto_convert_bf16:
             from ..graph.bf16 import convert_to_bf16
             return convert_to_bf16(base)
         if not quant.quantize:
             return base
-        from ..quantize import quantize
-        return quantize(base, **quant.kwargs())
+        from ..quantize.calibration import make_reader
+        from ..quantize.recipe import quantize_prepared
+        return quantize_prepared(quant.recipe, base, make_reader(base, quant.recipe), where=str(model_path))
     return layers, suffix, (build if lazy else build())
+
+
+_PREPARED: dict = {}
+
+
+def prepared_fp32(model_path: Path, quant: QuantSettings):
+    """The model as loaded, after the recipe's fp32 steps (none for an already quantized model).
+    Cached per file state and settings: discover and its per-layer calibration share one."""
+    from ..graph.load import is_quantized, load_model
+    st = Path(model_path).stat()
+    key = (str(Path(model_path).resolve()), st.st_mtime_ns, st.st_size, quant)
+    if key not in _PREPARED:
+        model = load_model(model_path)
+        if not is_quantized(model):
+            from ..quantize.recipe import front_end, load_fp32, prepare
+            model, _ = load_fp32(model, str(model_path))
+            model = prepare(quant.recipe, model) if quant.quantize else front_end(quant.recipe, model)
+        _PREPARED.clear()
+        _PREPARED[key] = model
+    return _PREPARED[key]
 
 
 def layer_places(layers, build_full, key: dict, recompute: bool) -> list:
@@ -169,15 +191,16 @@ def run_discovery(opts: DiscoverOptions, progress=None) -> tuple[dict, Path]:
 
 
 def _layer_calibration(opts: DiscoverOptions, layers) -> dict:
-    """With --calibration-data: layer id -> {input name: samples} from the full fp32 model."""
-    if not (opts.quant.quantize and opts.quant.calibration_data):
+    """With --calibration-data: layer id -> {input name: samples} from the prepared fp32 model."""
+    if not (opts.quant.quantize and opts.quant.recipe.calibration_data):
         return {}
-    from ..graph.load import load_model
+    from ..quantize.calibration import make_reader
     from ..quantize.per_layer import layer_samples
     inputs = {lay.id: [v.name for v in lay.model.graph.input
                        if v.name not in {t.name for t in lay.model.graph.initializer}] for lay in layers}
-    samples = layer_samples(load_model(opts.model), {n for names in inputs.values() for n in names},
-                            opts.quant.calibration_data, opts.quant.num_calib)
+    model = prepared_fp32(opts.model, opts.quant)
+    samples = layer_samples(model, {n for names in inputs.values() for n in names},
+                            make_reader(model, opts.quant.recipe))
     return {lid: {n: samples[n] for n in names} for lid, names in inputs.items()}
 
 

@@ -39,12 +39,11 @@ def prepare(fp32_layer, quant, debug_ir=None, name="layer", calib=None) -> Prepa
         return _prepare_bf16(p, fp32_layer, debug_ir, name)
     try:
         if quant.quantize:
-            from ..quantize import quantize
-            kwargs = quant.kwargs()
-            if calib is not None:
-                from ..quantize.per_layer import reader_for
-                kwargs.update(calibration_data=None, calibration_data_reader=reader_for(fp32_layer, calib))
-            p.model = quantize(fp32_layer, wrap_lone_ops=True, **kwargs)
+            from ..quantize.per_layer import layer_recipe, reader_for
+            from ..quantize.recipe import apply
+            reader = reader_for(fp32_layer, calib) if calib is not None else None
+            recipe = layer_recipe(quant.recipe, fp32_layer)
+            p.model = fp32_layer if recipe is None else apply(recipe, fp32_layer, reader, wrap_lone_ops=True).model
         else:
             p.model = fp32_layer
     except Exception as e:  # noqa: BLE001

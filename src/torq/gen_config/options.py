@@ -1,46 +1,36 @@
 """Flags shared by ``discover`` and ``run`` (the reference tool's names) and what they imply:
-the quantization settings, their fingerprint, the output file names and the cache folder."""
+``--quantize`` + the quantization recipe (``torq.quantize.recipe_flags``), their fingerprint, the
+output file names and the cache folder."""
 from __future__ import annotations
 
 import hashlib
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import TorqError
-from ..quantize.static import parse_calibrate_method, parse_quant_dtype, parse_quant_format
+from ..quantize.recipe import DEFAULT, Recipe
+from ..quantize.recipe_flags import add_recipe_arguments, quantizer_flags_given, recipe_from_args
 from .executors import EXECUTOR_ORDER
 
 
-@dataclass
+@dataclass(frozen=True)
 class QuantSettings:
+    """What discover/run do to the model before testing it: the recipe's fp32 front end always
+    (an fp32 model), the whole recipe under ``--quantize``."""
     quantize: bool = False
-    per_channel: bool = False
-    full_integer: bool = False
-    quant_format: str = "qdq"
-    quant_dtype: str = "A8W8"
-    calibrate_method: str = "minmax"
-    calibration_data: str | None = None
-    num_calib: int = 20
+    recipe: Recipe = field(default_factory=Recipe)
     auto_convert_bf16: bool = False          # the NPU's float datapath instead of int8
 
-    def kwargs(self) -> dict:
-        d = asdict(self)
-        d.pop("quantize")
-        d.pop("auto_convert_bf16")
-        return d
-
     def fingerprint(self, model_path: Path) -> dict:
-        """Flags + sha256 of the model (and of the calibration data): what a map is valid for."""
-        fp = asdict(self)
-        if not self.auto_convert_bf16:
-            fp.pop("auto_convert_bf16")      # an int8 / fp32 fingerprint as before
-        fp["quant_format"], fp["quant_dtype"] = self.quant_format.lower(), self.quant_dtype.upper()
-        fp["calibrate_method"] = self.calibrate_method.lower()
+        """Recipe + sha256 of the model (and of the calibration data): what a map is valid for."""
+        fp = {"quantize": self.quantize, "recipe_fingerprint": self.recipe.fingerprint(), **self.recipe.to_dict()}
+        if self.auto_convert_bf16:
+            fp["auto_convert_bf16"] = True
         fp["model_sha256"] = file_sha256(model_path)
-        if self.calibration_data:
-            fp["calibration_data"] = Path(self.calibration_data).name
-            fp["calibration_sha256"] = path_sha256(Path(self.calibration_data))
+        if self.recipe.calibration_data:
+            fp["calibration_data"] = Path(self.recipe.calibration_data).name
+            fp["calibration_sha256"] = path_sha256(Path(self.recipe.calibration_data))
         return fp
 
 
@@ -55,7 +45,7 @@ def file_sha256(path: Path) -> str:
 def path_sha256(path: Path) -> str:
     if path.is_dir():
         h = hashlib.sha256()
-        for p in sorted(path.glob("*.npy")):
+        for p in sorted(f for f in path.iterdir() if f.is_file()):
             h.update(p.name.encode() + file_sha256(p).encode())
         return h.hexdigest()
     return file_sha256(path) if path.exists() else ""
@@ -74,37 +64,26 @@ def add_common_args(p, debug_ir_default=None) -> None:
                    help="write the IR of every stage of every compiled layer/segment to DIR (default 'tmp')")
     p.add_argument("--rounding", default="native", choices=("native", "ort"),
                    help="NSS rounding: native (the NPU's) or ort (ONNX Runtime's, bit-exact)")
-    q = p.add_argument_group("quantization (discover and run must use the same flags)")
-    q.add_argument("--auto-convert-bf16", action="store_true",
+    p.add_argument("--auto-convert-bf16", action="store_true",
                    help="convert the fp32 model (and each layer) to bf16, the NPU's float datapath, as the "
                         "reference tool does; every layer is compared with ONNX Runtime fp32")
-    q.add_argument("--quantize", action="store_true", help="statically quantize the model (and each layer) to int8")
-    q.add_argument("--per-channel", action="store_true", help="one weight scale per output channel")
-    q.add_argument("--full-integer", action="store_true", help="int8 graph inputs/outputs (no input Q / output DQ)")
-    q.add_argument("--quant-format", default="qdq", metavar="{qdq,qoperator,hybrid}", help="default qdq")
-    q.add_argument("--quant-dtype", default="A8W8", metavar="A8W8", help="only A8W8")
-    q.add_argument("--calibrate-method", default="minmax", metavar="{minmax,entropy,percentile}")
-    q.add_argument("--calibration-data", metavar="PATH", help=".npz or folder of <input>.npy (default: synthetic)")
-    q.add_argument("--num-calib", type=int, default=20, metavar="N", help="calibration samples (default 20)")
+    p.add_argument("--quantize", action="store_true",
+                   help="statically quantize the model (and each layer) to int8 with the recipe below")
+    add_recipe_arguments(p, default=DEFAULT, title="quantization recipe (discover and run must use the same; "
+                         "the fp32 front end applies with or without --quantize)")
 
 
 def quant_settings(args) -> QuantSettings:
-    parse_quant_format(args.quant_format)
-    parse_quant_dtype(args.quant_dtype)
-    parse_calibrate_method(args.calibrate_method)
-    if args.num_calib < 1:
-        raise TorqError(f"--num-calib must be at least 1 (got {args.num_calib})")
-    quant_flags = args.per_channel or args.full_integer or args.calibration_data \
-        or args.quant_format.lower() != "qdq"
-    if quant_flags and not args.quantize:
-        raise TorqError("--per-channel/--full-integer/--quant-format/--calibration-data need --quantize")
+    recipe = recipe_from_args(args)
+    flags = quantizer_flags_given(args) + (["--recipe"] if args.recipe != DEFAULT else [])
+    if flags and not args.quantize:
+        raise TorqError(f"{flags[0]}: quantization flags need --quantize (without it only the fp32 front end applies: "
+                        "--fold, --dead-channels)")
     bf16 = getattr(args, "auto_convert_bf16", False)
     if bf16 and args.quantize:
         raise TorqError("--auto-convert-bf16 and --quantize are mutually exclusive: "
                         "the model runs on the NPU in bf16 or in int8")
-    return QuantSettings(args.quantize, args.per_channel, args.full_integer, args.quant_format.lower(),
-                         args.quant_dtype.upper(), args.calibrate_method.lower(), args.calibration_data,
-                         args.num_calib, bf16)
+    return QuantSettings(args.quantize, recipe, bf16)
 
 
 def parse_executors(value: str | None, flag: str) -> list[str]:

@@ -19,7 +19,7 @@ import numpy as np
 import onnx
 
 from ..errors import TorqError
-from .sensitivity import LayerSensitivity, batched, measure, softmax_kl
+from .sensitivity import LayerSensitivity, batched, measure, samples_of, softmax_kl
 
 
 @dataclass(frozen=True)
@@ -82,8 +82,6 @@ def choose(fp32: onnx.ModelProto, quantize_fn, calibration: list[dict], holdout:
     ``holdout``: disjoint lists of input dicts."""
     if not holdout:
         raise TorqError("--precision auto needs held-apart calibration images (none left after the split)")
-    if budget < 0:
-        raise TorqError(f"--accuracy-budget {budget} must be >= 0 (top-1 points vs FP32)")
     say = progress or (lambda *_: None)
     sens = measure(fp32, calibration, progress=lambda i, n, name: say(f"sensitivity {i + 1}/{n}: {name}"))
     total = sum(s.macs for s in sens) or 1
@@ -173,23 +171,25 @@ def split_holdout(samples: list[dict], holdout: int | None = None) -> tuple[list
     return samples[:n - h], samples[n - h:]
 
 
-def auto_quantize(model, samples: list[dict], budget: float, holdout: int | None = None,
-                  max_int16_share: float = 0.10, progress=None, **quantize_kwargs):
-    """``quantize(model, precision=<chosen>, **quantize_kwargs)`` with the precision chosen by
-    ``choose`` on ``samples`` split into calibration and held-apart parts; returns (the
-    quantized model, the AutoPrecision). The final model is calibrated on the calibration part."""
-    from ..graph.load import load_model
+def apply_auto(recipe, src: onnx.ModelProto, reader, *, where: str = "model", wrap_lone_ops: bool = False):
+    """``recipe.apply`` for ``--precision auto``: the calibration samples split (last third held
+    apart), the recipe's fp32 transforms and ranges on the calibration part, the int16 layers
+    chosen (``choose``), the final model quantized with them and the choice stamped on it
+    (``precision.stamp``). Returns a ``recipe.Quantized`` whose recipe names the chosen layers."""
     from .calibration import ArrayDataReader
-    from .precision import name_nodes
-    from .static import quantize
-    fp32 = name_nodes(load_model(model))
-    calib, hold = split_holdout(samples, holdout)
-    kwargs = {k: v for k, v in quantize_kwargs.items() if k not in ("output", "full_integer")}
+    from .precision import name_nodes, stamp
+    from .recipe import Quantized, prepare, quantize_prepared
+    calib, hold = split_holdout(samples_of(reader))
+    base = recipe.replace(precision=tuple(p for p in recipe.precision if p[0] != "*"))
+    prepared = name_nodes(prepare(base, src, ArrayDataReader(calib)))
 
-    def quantize_fn(precision, **extra):
-        return quantize(fp32, calibration_data_reader=ArrayDataReader(calib), precision=precision,
-                        **kwargs, **extra)
-    result = choose(fp32, quantize_fn, calib, hold, budget, max_int16_share, progress)
-    final = quantize_fn(result.precision, output=quantize_kwargs.get("output"),
-                        full_integer=quantize_kwargs.get("full_integer", False))
-    return final, result
+    def with_layers(chosen: dict):
+        return base.replace(precision=tuple(sorted({**dict(base.precision), **chosen}.items())))
+
+    def trial(chosen: dict):
+        return quantize_prepared(with_layers(chosen).replace(full_integer=False), prepared,
+                                 ArrayDataReader(calib), where=where)
+    result = choose(prepared, trial, calib, hold, recipe.accuracy_budget)
+    final = with_layers(result.precision)
+    q = quantize_prepared(final, prepared, ArrayDataReader(calib), where=where, wrap_lone_ops=wrap_lone_ops)
+    return Quantized(stamp(q, result.to_json()), prepared, final)

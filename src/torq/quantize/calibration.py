@@ -207,19 +207,86 @@ def _samples_for(path: Path, name: str, dims, dt: np.dtype, arr: np.ndarray) -> 
     return [np.ascontiguousarray(s, dtype=dt) for s in samples]
 
 
-def make_reader(model: onnx.ModelProto, *, calibration_data_reader=None, calibration_data=None,
-                num_calib: int = 20) -> CalibrationDataReader:
-    """Pick the calibration source: caller's reader, then dataset on disk, then synthetic."""
-    if calibration_data_reader is not None and calibration_data is not None:
-        raise TorqError("give either calibration_data_reader or calibration_data "
-                        "(--calibration-data), not both")
-    if not isinstance(num_calib, int) or isinstance(num_calib, bool) or num_calib < 1:
-        raise TorqError(f"--num-calib must be a positive integer, got {num_calib!r}")
-    if calibration_data_reader is not None:
-        if not callable(getattr(calibration_data_reader, "get_next", None)):
-            raise TorqError("calibration_data_reader must be an onnxruntime.quantization."
-                            "CalibrationDataReader (it has no get_next())")
-        return calibration_data_reader
-    if calibration_data is not None:
-        return load_dataset(calibration_data, model, num_calib)
-    return SyntheticDataReader(model, num_calib)
+def rewind(reader) -> None:
+    """Start a reader over (``rewind`` is ORT's name, ``reset`` ours); a no-op if it cannot."""
+    for name in ("rewind", "reset"):
+        if callable(getattr(reader, name, None)):
+            getattr(reader, name)()
+            return
+
+
+def make_reader(model: onnx.ModelProto, recipe) -> CalibrationDataReader:
+    """The recipe's calibration source for ``model``: data on disk, else synthetic samples.
+
+    On disk: an ``.npz`` keyed by input name or a folder of ``<input>.npy`` (arrays, fed as
+    they are), or images — a plain image folder, a ``labels.tsv`` folder, an IDX file or an
+    ``.npz`` with ``x`` — turned into inputs by ``recipe.preprocess`` (as ``evaluate`` does)."""
+    if recipe.calibration_data is None:
+        return SyntheticDataReader(model, recipe.num_calib)
+    if is_image_data(recipe.calibration_data, model):
+        return image_reader(model, recipe.calibration_data, recipe.preprocess, recipe.num_calib)
+    return load_dataset(recipe.calibration_data, model, recipe.num_calib)
+
+
+def is_image_data(spec, model: onnx.ModelProto) -> bool:
+    """True unless ``spec`` is an array dataset for ``model`` (``.npz`` with its input names, or a
+    folder of ``<input>.npy``)."""
+    path = Path(str(spec))
+    if path.is_dir():
+        return not any(path.glob("*.npy"))
+    if path.suffix == ".npz" and path.is_file():
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                keys = set(z.files)
+        except Exception:  # noqa: BLE001 - unreadable: the array loader names the problem
+            return False
+        return not {name for name, _, _ in input_specs(model)} & keys and "x" in keys
+    return "idx" in path.name or ("," in str(spec) and not path.exists())
+
+
+class ImageReader(CalibrationDataReader):
+    """Feeds preprocessed images one by one to ORT's calibrator; ``rewind`` starts over."""
+
+    def __init__(self, data, prep, shape, input_name: str, count: int):
+        self.data, self.prep, self.shape, self.name = data, prep, shape, input_name
+        self.count = min(count, len(data))
+        self.i = 0
+
+    def get_next(self):
+        if self.i >= self.count:
+            return None
+        self.i += 1
+        return {self.name: self.prep.batch([self.data.load(self.i - 1)], self.shape, self.name)}
+
+    def rewind(self):
+        self.i = 0
+
+
+def image_input(model: onnx.ModelProto, what: str = "calibrating on images") -> tuple[str, tuple]:
+    """(input name, per-image shape) of the model's single image input; static C, H, W required."""
+    specs = input_specs(model)
+    if len(specs) != 1:
+        raise TorqError(f"{what} needs a model with one image input, this one has {len(specs)}")
+    name, dims, _ = specs[0]
+    if len(dims) != 4 or any(d is None for d in dims[1:]):
+        raise TorqError(f"model input {name!r} must be N×C×H×W or N×H×W×C with static C, H, W; "
+                        f"it is {[d or '?' for d in dims]}")
+    return name, tuple(dims[1:])
+
+
+def has_norm(preprocess: str) -> bool:
+    """Whether a --preprocess spec says how pixels are normalised (norm= or mean=/std=)."""
+    keys = {p.partition("=")[0].strip().lower() for p in (preprocess or "").split(",")}
+    return bool(keys & {"norm", "mean", "std"})
+
+
+def image_reader(model: onnx.ModelProto, spec, preprocess: str, count: int) -> ImageReader:
+    """Calibration images (``torq.data`` SPEC) through the declared preprocessing."""
+    from ..data import load_dataset as load_images
+    from ..data import parse_preprocess
+    if not has_norm(preprocess):
+        raise TorqError(f"--calibration-data {spec}: images need --preprocess with norm= (tf, imagenet, "
+                        "mnist, unit, raw) or mean=/std=, e.g. resize=256,crop=224,norm=tf: "
+                        "raw 0..255 pixels are rarely what a model was trained on")
+    name, shape = image_input(model)
+    return ImageReader(load_images(spec, labelled=False), parse_preprocess(preprocess), shape, name, count)

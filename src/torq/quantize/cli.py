@@ -14,93 +14,35 @@ def _fmt(text: str) -> str:
 
 def register(sub) -> None:
     """Add the ``quantize`` subparser to a ``torq-gen-config`` subparsers object."""
+    from .recipe import DEFAULT
+    from .recipe_flags import add_recipe_arguments
     q = sub.add_parser(
         "quantize", help="static int8 quantization of an fp32 ONNX model",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description=_fmt("""
             Statically quantize an fp32 ONNX model to int8 (A8W8) with ONNX Runtime and print
-            what changed (op counts, Q/DQ nodes, graph I/O, file sizes).
+            what changed (op counts, Q/DQ nodes, graph I/O, file sizes). How: a recipe (--recipe
+            NAME, then single flags), the same on quantize, discover, run and evaluate, so this
+            writes exactly the model `evaluate --recipe NAME` measured with the same data.
 
-            Calibration data: --calibration-data PATH (an .npz keyed by input name, or a folder
-            with one <input>.npy per input; first axis = samples); without it, --num-calib
-            deterministic synthetic samples, uniform in [-1, 1).
+            Calibration data: --calibration-data SPEC (an .npz keyed by input name, a folder of
+            <input>.npy, or images with --preprocess); without it, --num-calib deterministic
+            synthetic samples, uniform in [-1, 1).
         """),
         epilog=_fmt("""
             examples:
               torq-gen-config quantize --model model.onnx
               torq-gen-config quantize --model model.onnx --per-channel --full-integer
+              torq-gen-config quantize --model model.onnx --recipe recommended \\
+                  --calibration-data photos/ --preprocess resize=256,crop=224,norm=tf
               torq-gen-config quantize --model model.onnx --quant-format hybrid \\
                   --calibration-data calib.npz --calibrate-method entropy -o model.q.onnx
         """))
     q.add_argument("--model", "-m", required=True, metavar="MODEL.onnx", help="fp32 ONNX model to quantize")
     q.add_argument("--output", "-o", metavar="OUT.onnx",
                    help="where to write the quantized model (default: <model stem>.int8.onnx next to the model)")
-    q.add_argument("--per-channel", action="store_true",
-                   help="one weight scale per output channel instead of one per tensor")
-    q.add_argument("--full-integer", action="store_true",
-                   help="int8 graph inputs/outputs: drop the input QuantizeLinear and output "
-                        "DequantizeLinear (I/O names are kept; scales go to model metadata 'torq.io_quant')")
-    q.add_argument("--exact-scales", action="store_true",
-                   help="QDQ: move each weight scale (typically 0.1 %%, at most 5 %%) so that ONNX Runtime's "
-                        "float requantization is exact; the NPU's native rounding is then bit-exact with ORT")
-    q.add_argument("--quant-format", default="qdq", metavar="{qdq,qoperator,hybrid}",
-                   help="qdq: QuantizeLinear/DequantizeLinear around float ops (default); qoperator: "
-                        "QLinearConv/QGemm/..., and the ops ORT leaves in float between them (HardSwish, "
-                        "BatchNormalization, a pool head, ...) get Q/DQ with their calibrated ranges, so "
-                        "the model is fully int8; hybrid: qoperator if every compute op has a compact "
-                        "QLinear form (Conv, Add, Mul, MatMul, pools, activations), else qdq")
-    q.add_argument("--quant-dtype", default="A8W8", metavar="{A8W8,A16W8}",
-                   help="activation/weight types: A8W8 (int8/int8, default) or A16W8 (int16 activations, "
-                        "int8 weights: the NPU's int16 path, QDQ only; docs/a16w8.md)")
-    q.add_argument("--calibrate-method", default="minmax", metavar="{minmax,entropy,percentile}",
-                   help="how activation ranges are chosen from calibration data (default minmax)")
-    q.add_argument("--num-calib", type=int, default=20, metavar="N",
-                   help="number of calibration samples (synthetic, or the first N of the dataset; default 20)")
-    q.add_argument("--calibration-data", metavar="PATH",
-                   help=".npz keyed by input name, or a folder of <input>.npy files (first axis = samples)")
-    q.add_argument("--equalize", action="store_true",
-                   help="fold BatchNorm into the Convs, then cross-layer equalization (rescale consecutive "
-                        "Conv → Relu/ReLU6 → Conv channel pairs to equal weight ranges; exact on the "
-                        "calibration data) before quantizing")
-    q.add_argument("--precision", default="int8", metavar="{int8,int16,auto,NODE=int16,...}",
-                   help="activation precision per layer: int8 (default), int16 (every layer, as A16W8), "
-                        "NODE=int16[,NODE=int16...] (those nodes, by ONNX name), or auto: the fewest int16 "
-                        "layers by MACs that keep top-1 within --accuracy-budget of FP32 on held-apart "
-                        "calibration samples (needs --calibration-data; writes <output>.precision.json; "
-                        "docs/mixed-precision.md)")
-    q.add_argument("--accuracy-budget", type=float, default=0.5, metavar="POINTS",
-                   help="with --precision auto: allowed top-1 disagreement with FP32 on the held-apart "
-                        "calibration samples, in percentage points (default 0.5)")
-    q.add_argument("--holdout", type=int, metavar="N",
-                   help="with --precision auto: calibration samples held apart for the budget (default a third)")
+    add_recipe_arguments(q, default=DEFAULT)
     q.set_defaults(func=_cmd_quantize)
-
-
-def _auto(model: Path, out: Path, fp32, args, kwargs):
-    """--precision auto: choose by measurement (quantize.auto_precision), write the choice."""
-    import json
-
-    from rich.console import Console
-
-    from ..fileio import atomic_write_text
-    from .auto_precision import auto_quantize
-    from .calibration import make_reader
-    from .sensitivity import samples_of
-    if not args.calibration_data:
-        raise TorqError("--precision auto needs real calibration data (--calibration-data): the choice is "
-                        "measured against FP32 on held-apart samples")
-    samples = samples_of(make_reader(fp32, calibration_data=args.calibration_data, num_calib=args.num_calib))
-    with Console(stderr=True).status(f"Choosing precisions for {model.name} ...") as status:
-        q, result = auto_quantize(model, samples, args.accuracy_budget, args.holdout, output=out,
-                                  progress=lambda msg: status.update(f"{model.name}: {msg}"), **kwargs)
-    report = out.with_name(out.stem + ".precision.json")
-    atomic_write_text(report, json.dumps(result.to_json(), indent=1) + "\n")
-    verdict = "within" if result.met else "NOT within"
-    print(f"torq-gen-config quantize: --precision auto: {len(result.precision)} int16 layers, "
-          f"{100 * result.int8_mac_share:.1f} % of MACs in int8; top-1 disagreement with FP32 "
-          f"{result.disagreement:.2f} points on {result.holdout_images} held-apart samples ({verdict} "
-          f"the budget {args.accuracy_budget:g}); per layer: {report}")
-    return q
 
 
 def default_output(model: Path) -> Path:
@@ -108,36 +50,49 @@ def default_output(model: Path) -> Path:
     return model.with_name(f"{model.stem}.int8.onnx")
 
 
+def _auto_report(q, out: Path, recipe) -> None:
+    """--precision auto: the choice per layer next to the model (``<output stem>.precision.json``)."""
+    import json
+
+    from ..fileio import atomic_write_text
+    from .precision import stamped
+    result = stamped(q)
+    if result is None:
+        return
+    report = out.with_name(out.stem + ".precision.json")
+    atomic_write_text(report, json.dumps(result, indent=1) + "\n")
+    verdict = "within" if result["met"] else "NOT within"
+    print(f"torq-gen-config quantize: --precision auto: {len(result['int16_layers'])} int16 layers, "
+          f"{100 * result['int8_mac_share']:.1f} % of MACs in int8; top-1 disagreement with FP32 "
+          f"{result['disagreement_top1_points']:.2f} points on {result['holdout_images']} held-apart samples "
+          f"({verdict} the budget {recipe.accuracy_budget:g}); per layer: {report}")
+
+
 def _cmd_quantize(args) -> int:
+    from ..fileio import save_model
     from ..graph.load import load_model
-    from .static import quantize
+    from .recipe import apply
+    from .recipe_flags import recipe_from_args
     from .summary import summary_lines
 
+    recipe = recipe_from_args(args)          # every flag checked before the model work
     model = Path(args.model)
     out = Path(args.output) if args.output else default_output(model)
     if model.exists() and out.exists() and out.resolve() == model.resolve():
         raise TorqError(f"--output {out} would overwrite the input model; choose another path")
     fp32 = load_model(model)  # validate before the spinner; also the "before" of the summary
-    from .precision import parse_precision
-    precision = parse_precision(args.precision)
-    quant_dtype = "A16W8" if precision == "int16" else args.quant_dtype
-    kwargs = dict(per_channel=args.per_channel, full_integer=args.full_integer, quant_format=args.quant_format,
-                  quant_dtype=quant_dtype, calibrate_method=args.calibrate_method, equalize=args.equalize,
-                  exact_scales=args.exact_scales)
-    if precision == "auto":
-        q = _auto(model, out, fp32, args, kwargs)
-    else:
-        from rich.console import Console
-        with Console(stderr=True).status(f"Calibrating and quantizing {model.name} ..."):
-            q = quantize(model, out, calibration_data=args.calibration_data, num_calib=args.num_calib,
-                         precision=precision if isinstance(precision, dict) else None, **kwargs)
-    calib = f"{args.calibration_data} (first {args.num_calib})" if args.calibration_data \
-        else f"synthetic x{args.num_calib}"
-    settings = (f"{quant_dtype.upper()}, precision={args.precision}, per-channel={args.per_channel}, "
-                f"full-integer={args.full_integer}, calibration={calib}, "
-                f"method={args.calibrate_method.lower()}{', equalized' if args.equalize else ''}"
-                f"{', exact scales' if args.exact_scales else ''}")
+    from rich.console import Console
+    if ("*", "auto") in recipe.precision and not recipe.calibration_data:
+        raise TorqError("--precision auto needs real calibration data (--calibration-data): the choice is "
+                        "measured against FP32 on held-apart samples")
+    with Console(stderr=True).status(f"Calibrating and quantizing {model.name} ..."):
+        q = apply(recipe, model).model
+    save_model(q, out)
+    _auto_report(q, out, recipe)
+    calib = f"{recipe.calibration_data} (first {recipe.num_calib})" if recipe.calibration_data \
+        else f"synthetic x{recipe.num_calib}"
     print(f"torq-gen-config quantize: wrote {out}")
-    for line in summary_lines(fp32, q, src_path=model, out_path=out, settings=settings):
+    for line in summary_lines(fp32, q, src_path=model, out_path=out,
+                              settings=f"recipe {recipe.describe()}; calibration={calib}"):
         print("  " + line)
     return 0

@@ -11,14 +11,14 @@ import numpy as np
 import onnx
 
 from ..errors import TorqError
-from .calibration import ArrayDataReader, load_dataset
+from .calibration import ArrayDataReader
 
 
-def layer_samples(model: onnx.ModelProto, tensors: set[str], calibration_data, num_calib: int
-                  ) -> dict[str, list[np.ndarray]]:
-    """tensor name -> its value for each calibration sample (model inputs included)."""
+def layer_samples(model: onnx.ModelProto, tensors: set[str], reader) -> dict[str, list[np.ndarray]]:
+    """tensor name -> its value for each calibration sample of ``reader`` (model inputs included)."""
     import onnxruntime as ort
-    reader = load_dataset(calibration_data, model, num_calib)
+    from .calibration import rewind
+    rewind(reader)
     m = onnx.shape_inference.infer_shapes(model)
     graph_inputs = {v.name for v in m.graph.input}
     typed = {v.name: v for v in list(m.graph.value_info) + list(m.graph.output)}
@@ -45,3 +45,19 @@ def reader_for(layer_model: onnx.ModelProto, samples: dict[str, list[np.ndarray]
     names = [v.name for v in layer_model.graph.input if v.name not in inits]
     n = min(len(samples[name]) for name in names)
     return ArrayDataReader([{name: samples[name][i] for name in names} for i in range(n)])
+
+
+def layer_recipe(recipe, layer_model: onnx.ModelProto):
+    """The whole model's recipe for one layer cut from its *prepared* graph: the fp32 steps are
+    done (not repeated per layer), calibration comes from ``layer_samples`` (or synthetic data),
+    and node / op-type lists keep only this layer's names. None: the recipe quantizes none of the
+    layer's nodes (the layer stays fp32, as in the whole model)."""
+    names = {n.name for n in layer_model.graph.node}
+    ops = {n.op_type for n in layer_model.graph.node}
+    keep = {k: tuple(x for x in getattr(recipe, k) if x in (ops if "op_types" in k else names))
+            for k in ("nodes_to_quantize", "nodes_to_exclude", "op_types_to_quantize", "op_types_to_exclude")}
+    if any(getattr(recipe, k) and not keep[k] for k in ("nodes_to_quantize", "op_types_to_quantize")):
+        return None
+    return recipe.replace(fold=False, dead_channels=False, equalize="off", bias_correction=False,
+                          calibration_data=None, precision=tuple(p for p in recipe.precision if p[0] in names),
+                          **keep)

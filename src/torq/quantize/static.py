@@ -2,8 +2,9 @@
 
 Choices (and why):
   * A8W8: signed int8 activations and weights, what the NPU computes. ORT's own defaults then
-    give symmetric weights (zp 0) and asymmetric activations. A16W8: int16 activations (ORT's
-    QInt16, QDQ only, opset 21), int8 weights: the NPU's int16 path (docs/a16w8.md).
+    give symmetric weights (zp 0) and asymmetric activations. A16W8 (and any int16 layer of a
+    mixed-precision recipe): int16 activations (ORT's QInt16, QDQ only, opset 21), int8 weights,
+    the NPU's int16 path (docs/a16w8.md, docs/mixed-precision.md).
   * ``ForceQuantizeNoInputCheck``: True for QDQ, False for QOperator. In QDQ, without it ORT
     leaves "latent" ops (MaxPool, Reshape, Transpose, ...) in float whenever their input is not
     already quantized -- e.g. a MaxPool right after a graph input, or any single-op layer
@@ -39,11 +40,8 @@ from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, 
 
 from ..errors import TorqError, one_line
 from ..fileio import save_model
-from ..graph.unshare_weights import fold_constant_identities
-from ..graph.load import is_quantized, load_model
-from ..graph.validate import validate
-from .calibration import make_reader
-from .full_integer import convert_to_full_integer
+from ..graph.load import is_quantized
+from .calibration import rewind
 
 QUANT_FORMATS = ("qdq", "qoperator", "hybrid")
 QUANT_DTYPES = {"A8W8": (QuantType.QInt8, QuantType.QInt8),    # (activation, weight)
@@ -72,7 +70,7 @@ def parse_quant_format(value: str) -> str:
 
 
 def parse_quant_dtype(value: str) -> tuple[QuantType, QuantType]:
-    """``--quant-dtype`` -> (activation type, weight type): A8W8 or A16W8 (case-insensitive)."""
+    """``--quant-dtype`` -> (activation type, weight type); only A8W8 (case-insensitive)."""
     v = str(value).strip().upper()
     if v not in QUANT_DTYPES:
         raise TorqError(f"unsupported --quant-dtype '{value}': supported values are "
@@ -133,31 +131,24 @@ def _quiet():
         root.setLevel(level)
 
 
-def _rewind(reader) -> None:
-    for name in ("rewind", "reset"):
-        if callable(getattr(reader, name, None)):
-            getattr(reader, name)()
-            return
-
-
-def _run_ort(tmp: Path, reader, fmt, per_channel, activation_type, weight_type, method,
-             where: str, precision=None) -> onnx.ModelProto:
-    """One quantize_static call on tmp/pre.onnx; any ORT failure becomes a one-line TorqError.
-    ``precision``: {node: "int8" | "int16"} (``precision.tensor_overrides``), QDQ only."""
+def _run_ort(tmp: Path, reader, fmt, recipe, selection: dict, where: str) -> onnx.ModelProto:
+    """One quantize_static call on tmp/pre.onnx; any ORT failure becomes a one-line TorqError."""
+    from .recipe import effective_dtype
+    activation_type, weight_type = parse_quant_dtype(effective_dtype(recipe))
     extra = {"ForceQuantizeNoInputCheck": fmt == QuantFormat.QDQ}
-    if precision:
-        from .precision import tensor_overrides
-        default = "int16" if activation_type == QuantType.QInt16 else "int8"
-        overrides = tensor_overrides(onnx.load(str(tmp / "pre.onnx")), precision, default)
-        if overrides:
-            extra["TensorQuantOverrides"] = overrides
+    if selection.get("tensor_overrides"):
+        extra["TensorQuantOverrides"] = selection["tensor_overrides"]
     try:
         with _quiet(), np.errstate(all="raise"):
             quantize_static(
                 str(tmp / "pre.onnx"), str(tmp / "int8.onnx"), reader,
-                quant_format=fmt, per_channel=bool(per_channel),
+                quant_format=fmt, per_channel=bool(recipe.per_channel),
                 activation_type=activation_type, weight_type=weight_type,
-                calibrate_method=method, extra_options=extra)
+                calibrate_method=parse_calibrate_method(recipe.calibrate_method),
+                op_types_to_quantize=selection.get("op_types_to_quantize"),
+                nodes_to_quantize=selection.get("nodes_to_quantize"),
+                nodes_to_exclude=selection.get("nodes_to_exclude"),
+                extra_options=extra)
     except TorqError:
         raise
     except Exception as e:
@@ -194,81 +185,60 @@ def _drop_stale_value_info(m: onnx.ModelProto) -> None:
     g.value_info.extend(keep)
 
 
-def quantize(model: str | os.PathLike | onnx.ModelProto, output: str | os.PathLike | None = None, *,
-             calibration_data_reader=None, calibration_data: str | os.PathLike | None = None,
-             num_calib: int = 20, per_channel: bool = False, full_integer: bool = False,
-             quant_format: str = "qdq", quant_dtype: str = "A8W8",
-             calibrate_method: str = "minmax", wrap_lone_ops: bool = False,
-             equalize: bool = False, exact_scales: bool = False, precision=None) -> onnx.ModelProto:
-    """Statically quantize an fp32 ONNX model to int8 and return it (also written to ``output``).
-
-    Calibration: ``calibration_data_reader`` (an ORT CalibrationDataReader, used as is), else
-    ``calibration_data`` (.npz or folder of <input>.npy), else ``num_calib`` synthetic samples.
-    ``full_integer`` turns the float graph I/O into int8 (see ``full_integer.py``).
-    ``wrap_lone_ops``: when ORT quantizes nothing (a lone Relu, Flatten, ... layer), wrap the
-    model's float I/O in Q/DQ with calibrated ranges instead of refusing (``lone_ops.py``).
-    ``equalize``: fold BatchNorm/Pad into the Convs, zero dead channels, then cross-layer
-    equalization on the calibration data before quantizing (``equalize.py``).
-    ``exact_scales`` (QDQ): weight scales moved (≤ 5 %) so that ORT's float requantization is
-    exact, which makes the NPU's native rounding bit-exact with ORT (``exact_scales.py``).
-    ``precision``: {node name: "int8" | "int16"}, a mixed-precision model (QDQ; ``precision.py``)."""
-    # Validate every flag before the (slow) model work so a typo fails fast.
-    activation_type, weight_type = parse_quant_dtype(quant_dtype)
-    method = parse_calibrate_method(calibrate_method)
-    parse_quant_format(quant_format)
-    src = fold_constant_identities(load_model(model))   # ORT's quantizers crash on shared weights
-    if precision:
-        from .precision import check_precision, name_nodes
-        src = name_nodes(src)
-        check_precision(src, precision, str(model) if not isinstance(model, onnx.ModelProto) else "model")
-    where = str(model) if not isinstance(model, onnx.ModelProto) else "model"
-    validate(src, where, min_opset=7)   # ORT runs opsets >= 7 (and upgrades them to 11)
-    if is_quantized(src):
-        raise TorqError(f"{where}: model is already quantized (it has QuantizeLinear/DequantizeLinear, "
-                        "QLinear* ops or int8 weights/IO); pass the fp32 model")
-    fmt = resolve_format(src, quant_format)
-    if activation_type == QuantType.QInt16 or precision:
-        if parse_quant_format(quant_format) == "qoperator":
-            what = f"--quant-dtype {quant_dtype.upper()}" if activation_type == QuantType.QInt16 else "--precision int16"
-            raise TorqError(f"{what} needs --quant-format qdq: ONNX Runtime "
-                            "quantizes 16-bit activations in QDQ form only")
-        fmt = QuantFormat.QDQ
-    reader = make_reader(src, calibration_data_reader=calibration_data_reader,
-                         calibration_data=calibration_data, num_calib=num_calib)
-    if equalize:      # BN folded first (else no Conv → Conv pairs); BN dust zeroed (see dead_channels)
-        from .dead_channels import zero_dead_channels
-        from .equalize import equalize as cross_layer_equalize
-        from .fold import fold_fp32
-        src = cross_layer_equalize(zero_dead_channels(fold_fp32(src))[0], reader).model
+def run_quantizer(prepared: onnx.ModelProto, reader, recipe, selection: dict, where: str
+                  ) -> tuple[onnx.ModelProto, str]:
+    """(ORT's quantized model, the format used: "qdq" | "qoperator") for a prepared fp32 graph."""
+    from .recipe import uses_int16
+    fmt = QuantFormat.QDQ if uses_int16(recipe) else resolve_format(prepared, recipe.format)   # ORT: 16-bit in QDQ only
     with tempfile.TemporaryDirectory(prefix="torq-quant-") as tmp:
         tmp = Path(tmp)
-        onnx.save(src, str(tmp / "fp32.onnx"))
+        onnx.save(prepared, str(tmp / "fp32.onnx"))
         _preprocess(tmp / "fp32.onnx", tmp / "pre.onnx")
-        q = _run_ort(tmp, reader, fmt, per_channel, activation_type, weight_type, method, where, precision)
-        if not is_quantized(q) and parse_quant_format(quant_format) == "hybrid" \
-                and fmt == QuantFormat.QOperator:
+        q = _run_ort(tmp, reader, fmt, recipe, selection, where)
+        if not is_quantized(q) and recipe.format == "hybrid" and fmt == QuantFormat.QOperator:
             # ORT's QOperator form only quantizes MaxPool/Relu/... behind an already quantized
             # op; a model made only of such ops stays fp32 there, so hybrid falls back to QDQ.
-            _rewind(reader)
+            rewind(reader)
             fmt = QuantFormat.QDQ
-            q = _run_ort(tmp, reader, fmt, per_channel, activation_type, weight_type, method, where, precision)
-    if fmt == QuantFormat.QOperator and is_quantized(q):
-        from .islands import quantize_islands
-        _rewind(reader)
-        q = quantize_islands(q, src, reader, method, activation_type.tensor_type)
-    if not is_quantized(q) and wrap_lone_ops:
-        from .lone_ops import wrap_in_qdq
-        _rewind(reader)
-        q = wrap_in_qdq(src, reader, method, activation_type.tensor_type)
-    if not is_quantized(q):
-        raise TorqError(f"{where}: ONNX Runtime quantized nothing with --quant-format "
-                        f"{parse_quant_format(quant_format)} (none of its ops has an int8 form "
-                        "in that format); try --quant-format qdq")
-    if exact_scales and fmt == QuantFormat.QDQ:
-        from .exact_scales import exact_scales as move_to_exact_scales
-        q = move_to_exact_scales(q, src)
-    if full_integer:
-        q = convert_to_full_integer(q)
+            q = _run_ort(tmp, reader, fmt, recipe, selection, where)
+    return q, "qdq" if fmt == QuantFormat.QDQ else "qoperator"
+
+
+_API_NAMES = {"quant_format": "format"}
+
+
+def quantize(model: str | os.PathLike | onnx.ModelProto, output: str | os.PathLike | None = None, *,
+             recipe=None, calibration_data_reader=None, wrap_lone_ops: bool = False,
+             **fields) -> onnx.ModelProto:
+    """Statically quantize an fp32 ONNX model to int8 and return it (also written to ``output``).
+
+    ``recipe``: a ``torq.quantize.Recipe`` (default ``Recipe()``: ORT's per-tensor QDQ behind the
+    fp32 front end); keyword ``fields`` change single fields (``per_channel=True``,
+    ``quant_format="qoperator"``, ``equalize=True`` = "bounded", ...). Calibration:
+    ``calibration_data_reader`` (an ORT CalibrationDataReader, used as is), else the recipe's
+    ``calibration_data`` (.npz, <input>.npy folder, image folder with ``preprocess``), else
+    ``num_calib`` synthetic samples. ``wrap_lone_ops``: when ORT quantizes nothing (a lone Relu,
+    Flatten, ... layer), wrap the model's float I/O in Q/DQ instead of refusing (``lone_ops.py``)."""
+    from .recipe import Recipe, apply
+    changes = {_API_NAMES.get(k, k): v for k, v in fields.items()}
+    if isinstance(changes.get("equalize"), bool):
+        changes["equalize"] = "bounded" if changes["equalize"] else "off"
+    for k in ("format", "calibrate_method"):
+        if isinstance(changes.get(k), str):
+            changes[k] = changes[k].strip().lower()
+    if isinstance(changes.get("quant_dtype"), str):
+        changes["quant_dtype"] = changes["quant_dtype"].strip().upper()
+    if calibration_data_reader is not None and changes.get("calibration_data") is not None:
+        raise TorqError("give either calibration_data_reader or calibration_data "
+                        "(--calibration-data), not both")
+    try:
+        r = (recipe or Recipe()).replace(**changes)
+    except TypeError as e:
+        raise TorqError(f"quantize: {one_line(e)}") from None
+    if calibration_data_reader is not None and not callable(getattr(calibration_data_reader, "get_next", None)):
+        raise TorqError("calibration_data_reader must be an onnxruntime.quantization."
+                        "CalibrationDataReader (it has no get_next())")
+    q = apply(r, model, calibration_data_reader, wrap_lone_ops=wrap_lone_ops).model
     if output is not None:
         save_model(q, output)
     return q

@@ -1,0 +1,155 @@
+"""The one argparse group for a ``Recipe``: ``quantize``, ``discover``, ``run``, ``evaluate`` and the
+benchmarks add it with ``add_recipe_arguments(parser, default=...)`` and read it back with
+``recipe_from_args(args)``. ``--recipe NAME`` picks a preset (or a JSON file); every other flag
+changes one field of it and is ``None`` unless given, so a preset plus flags is always explicit.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from ..errors import TorqError, one_line
+from .recipe import PRESETS, RECOMMENDED, Recipe, preset
+
+_BOOL = argparse.BooleanOptionalAction
+
+#: field -> (flags, argparse keywords). Every Recipe field has exactly one entry (a test holds it).
+FLAGS: dict[str, tuple[tuple[str, ...], dict]] = {
+    "format": (("--quant-format",), dict(metavar="{qdq,qoperator,hybrid}", help=(
+        "qdq: QuantizeLinear/DequantizeLinear around float ops; qoperator: QLinearConv/QGemm/..., the ops "
+        "ORT leaves float between them (HardSwish, BatchNormalization, a pool head, ...) get Q/DQ with "
+        "their calibrated ranges; hybrid: qoperator if every compute op has a compact QLinear form, else qdq"))),
+    "per_channel": (("--per-channel",), dict(action=_BOOL, help=(
+        "one weight scale per output channel (--no-per-channel or --per-tensor: one per tensor)"))),
+    "full_integer": (("--full-integer",), dict(action=_BOOL, help=(
+        "int8 graph inputs/outputs: no input QuantizeLinear / output DequantizeLinear (I/O names kept; "
+        "scales in model metadata 'torq.io_quant')"))),
+    "quant_dtype": (("--quant-dtype",), dict(metavar="{A8W8,A16W8}", help=(
+        "activation/weight types: A8W8 int8/int8, A16W8 int16 activations x int8 weights (the NPU's int16 "
+        "path, QDQ only; docs/a16w8.md)"))),
+    "calibrate_method": (("--calibrate-method",), dict(metavar="{minmax,entropy,percentile}", help=(
+        "how activation ranges are chosen from the calibration data"))),
+    "calibration_data": (("--calibration-data",), dict(metavar="SPEC", help=(
+        "an .npz keyed by input name or a folder of <input>.npy (first axis = samples), or images: a "
+        "folder of images, a labels.tsv folder, an IDX file, an .npz with x (then --preprocess says how "
+        "pixels become inputs); default: synthetic samples, uniform in [-1, 1)"))),
+    "num_calib": (("--num-calib",), dict(type=int, metavar="N", help="use at most N calibration samples")),
+    "preprocess": (("--preprocess",), dict(metavar="KEY=VALUE,...", help=(
+        "image preprocessing: resize=S (short side), crop=C (centre), norm=tf|imagenet|mnist|unit|raw or "
+        "mean=M,std=S (R/G/B allowed), order=rgb|bgr, layout=nchw|nhwc, channels=1|3"))),
+    "fold": (("--fold",), dict(action=_BOOL, help=(
+        "fp32 front end: fold constants and shape arithmetic, Pad and BatchNormalization into the Conv "
+        "(ONNX Runtime's semantics-preserving rewrites); --no-fold keeps the exported graph"))),
+    "dead_channels": (("--dead-channels",), dict(action=_BOOL, help=(
+        "fp32 front end: zero BN-folded 'dust' output channels (max |w| below 1e-4 of the layer's), "
+        "which per-channel scales would blow up"))),
+    "equalize": (("--equalize",), dict(nargs="?", const="bounded", metavar="{off,bounded,skip}", help=(
+        "cross-layer equalization before quantizing (Conv → Relu/ReLU6 → Conv channel pairs rescaled to "
+        "equal weight ranges; bounded: ReLU6 channels only as far as calibration stays under the clip; "
+        "skip: ReLU6 pairs left alone; --equalize alone = bounded, --no-equalize = off)"))),
+    "bias_correction": (("--bias-correction",), dict(action=_BOOL, help=(
+        "correct Conv/Gemm biases for int8 weight rounding (fp32 transform, calibration means)"))),
+    "exact_scales": (("--exact-scales",), dict(action=_BOOL, help=(
+        "QDQ: move each weight scale (typically 0.1 %%, at most 5 %%) so that ONNX Runtime's float "
+        "requantization is exact; the NPU's native rounding is then bit-exact with ORT"))),
+    "nodes_to_quantize": (("--nodes-to-quantize",), dict(metavar="LIST", help=(
+        "comma list of node names: quantize only these (names after the front end, as ORT sees them)"))),
+    "nodes_to_exclude": (("--nodes-to-exclude",), dict(metavar="LIST", help="comma list of node names left float")),
+    "op_types_to_quantize": (("--op-types-to-quantize",), dict(metavar="LIST", help=(
+        "comma list of op types: quantize only these (e.g. Conv,Gemm)"))),
+    "op_types_to_exclude": (("--op-types-to-exclude",), dict(metavar="LIST", help="comma list of op types left float")),
+    "precision": (("--precision",), dict(metavar="P|NODE=P,...|auto", help=(
+        "activation precision, int8 (default), int16 or bf16: one for the whole model (evaluate "
+        "--precision bf16: FP32 vs BF16 on the NSS, no calibration) or per layer, NODE=P,...; auto: the "
+        "fewest int16 layers (by MACs) keeping top-1 within --accuracy-budget of FP32 on held-apart "
+        "calibration samples (docs/mixed-precision.md)"))),
+    "accuracy_budget": (("--accuracy-budget",), dict(type=float, metavar="POINTS", help=(
+        "--precision auto: top-1 disagreement with FP32 allowed on the held-apart third of the calibration "
+        "samples, percentage points (default 0.5)"))),
+}
+_LISTS = ("nodes_to_quantize", "nodes_to_exclude", "op_types_to_quantize", "op_types_to_exclude")
+
+
+def _dest(name: str) -> str:
+    return f"recipe_{name}"
+
+
+def add_recipe_arguments(parser: argparse.ArgumentParser, default: str = "ort", title: str | None = None):
+    """Add ``--recipe`` and one flag per Recipe field to ``parser`` (as one argument group)."""
+    g = parser.add_argument_group(title or "quantization recipe (the same flags on quantize, discover, run, evaluate)")
+    names = ", ".join([*PRESETS, "recommended"])
+    g.add_argument("--recipe", default=default, metavar="NAME|FILE.json", help=(
+        f"start from a named recipe ({names}; recommended = {RECOMMENDED}) or a recipe JSON file; the "
+        f"flags below change single fields (default: {default}; docs/quantization.md says what each costs)"))
+    for name, (flags, kw) in FLAGS.items():
+        g.add_argument(*flags, dest=_dest(name), default=None, **kw)
+    g.add_argument("--per-tensor", dest=_dest("per_channel"), action="store_false",
+                   help="one weight scale per tensor (= --no-per-channel)")
+    g.add_argument("--no-equalize", dest=_dest("equalize"), action="store_const", const="off",
+                   help="no cross-layer equalization (= --equalize off)")
+    return g
+
+
+def given(args) -> dict:
+    """The Recipe fields set explicitly on the command line (parsed, not yet validated)."""
+    out = {}
+    for name in FLAGS:
+        v = getattr(args, _dest(name), None)
+        if v is None:
+            continue
+        if name in _LISTS:
+            v = tuple(s.strip() for s in v.split(",") if s.strip())
+        elif name == "precision":
+            v = parse_precision(v)
+        elif name in ("format", "calibrate_method", "equalize"):
+            v = v.strip().lower()
+        elif name == "quant_dtype":
+            v = v.strip().upper()
+        out[name] = v
+    return out
+
+
+def recipe_from_args(args) -> Recipe:
+    """``--recipe`` with every explicitly given flag applied; bad values are one-line errors."""
+    base = load_recipe(getattr(args, "recipe", None) or "ort")
+    return base.replace(**given(args))
+
+
+def load_recipe(name: str) -> Recipe:
+    """A preset name, or a JSON file holding a recipe (``Recipe.to_dict()``, as the reports write it)."""
+    path = Path(str(name))
+    if path.suffix == ".json":
+        try:
+            d = json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            raise TorqError(f"--recipe {name}: cannot read a recipe: {one_line(e)}") from None
+        if not isinstance(d, dict):
+            raise TorqError(f"--recipe {name}: expected a JSON object of recipe fields")
+        d = d.get("recipe", d)
+        d = {k: v for k, v in d.items() if k != "fingerprint"}
+        return Recipe.from_dict(d)
+    return preset(name)
+
+
+def parse_precision(text: str) -> tuple:
+    """``NODE=int16,NODE2=bf16`` -> ((NODE, int16), (NODE2, bf16)); a bare ``bf16`` / ``int16`` is
+    the whole model (node ``*``), ``auto`` chosen by measurement (``("*", "auto")``), ``int8`` the
+    default (no entry); one-line error otherwise."""
+    bare = text.strip().lower()
+    if bare in ("int8", "int16", "bf16", "auto"):
+        return () if bare == "int8" else (("*", bare),)
+    out = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        node, sep, prec = part.rpartition("=")
+        if not sep or not node or prec.strip().lower() not in ("int8", "int16", "bf16"):
+            raise TorqError(f"--precision: bad item {part!r}: expected NODE=int8|int16|bf16")
+        out.append((node.strip(), prec.strip().lower()))
+    return tuple(out)
+
+
+def quantizer_flags_given(args) -> list[str]:
+    """The recipe flags given that only mean something when a model is quantized (all but the front end)."""
+    return [FLAGS[k][0][0] for k in given(args) if k not in ("fold", "dead_channels")]
+
+
