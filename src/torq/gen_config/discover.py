@@ -180,6 +180,9 @@ def run_discovery(opts: DiscoverOptions, progress=None) -> tuple[dict, Path]:
             entry["_node_index"] = k if opts.quant.quantize else layer.node_index
             entry["_orig_index"] = layer.node_index
             entry["mlir_location"] = loc if loc else layer.op_type
+            if opts.quant.quantize:
+                from ..quantize.recipe import layer_precision
+                entry["precision"] = layer_precision(opts.quant.recipe, layer.node_name)
             _fill(ctx, layer, entry, why, results)
             schema.summarize(report)
             schema.save(report, path)

@@ -31,13 +31,15 @@ def print_table(report: dict, console=None) -> None:
     from rich.table import Table
     console = console or Console()
     t = Table(title=f"executor map: {report.get('model_name')}")
-    for col in ("#", "layer", *EXECUTOR_ORDER, "recommended", "location"):
+    mixed = any(op.get("precision", "int8") != "int8" for op in report["ops"].values())   # int16 layers
+    for col in ("#", "layer", *(("precision",) if mixed else ()), *EXECUTOR_ORDER, "recommended", "location"):
         t.add_column(col)
     for lid, op in report["ops"].items():
         ex = op.get("executors", {})
         cells = [f"[{_STYLE[ex[e]['status']]}]{_cell(ex[e])}[/]" if e in ex else "-" for e in EXECUTOR_ORDER]
         rec = op.get("recommended_executor") or "[red]null[/]"
-        t.add_row(str(op.get("_orig_index", "")), lid, *cells, rec, str(op.get("mlir_location", "")))
+        prec = (op.get("precision", "-"),) if mixed else ()
+        t.add_row(str(op.get("_orig_index", "")), lid, *prec, *cells, rec, str(op.get("mlir_location", "")))
     console.print(t)
     s = report.get("discovery_report", {}).get("summary", {})
     if s:
@@ -63,7 +65,8 @@ def layer_detail(report: dict, name: str) -> str:
     lid = find_layer(report, name)
     op = report["ops"][lid]
     lines = [f"{lid}: recommended {op.get('recommended_executor')}, location {op.get('mlir_location')}, "
-             f"node {op.get('_orig_index')}" + (f", duplicate of {op['duplicate_of']}" if "duplicate_of" in op else "")]
+             f"node {op.get('_orig_index')}" + (f", precision {op['precision']}" if "precision" in op else "")
+             + (f", duplicate of {op['duplicate_of']}" if "duplicate_of" in op else "")]
     for ex, r in op.get("executors", {}).items():
         fr = r.get("failure_report")
         why = f" [{fr.get('reason_code')}] {fr.get('summary')}" if fr else ""

@@ -193,3 +193,19 @@ def apply_auto(recipe, src: onnx.ModelProto, reader, *, where: str = "model", wr
     final = with_layers(result.precision)
     q = quantize_prepared(final, prepared, ArrayDataReader(calib), where=where, wrap_lone_ops=wrap_lone_ops)
     return Quantized(stamp(q, result.to_json()), prepared, final)
+
+
+def resolve_auto(recipe, model):
+    """The concrete recipe ``--precision auto`` resolves to for ``model`` (the chosen int16 layers
+    as NODE=int16 entries): what discover / run carry layer by layer. Deterministic for the same
+    model, recipe and calibration data."""
+    from rich.console import Console
+
+    from .recipe import apply, recipe_of
+    if ("*", "auto") not in recipe.precision:
+        return recipe
+    if not recipe.calibration_data:
+        raise TorqError("--precision auto needs real calibration data (--calibration-data): the choice is "
+                        "measured against FP32 on held-apart samples")
+    with Console(stderr=True).status("--precision auto: measuring which layers need int16 ..."):
+        return recipe_of(apply(recipe, model).model)

@@ -145,6 +145,12 @@ def uses_int16(r: Recipe) -> bool:
     return r.quant_dtype == "A16W8" or any(p in ("int16", "auto") for _, p in r.precision)
 
 
+def layer_precision(r: Recipe, node: str) -> str:
+    """The activation precision of one node under ``r`` ("auto" until resolved)."""
+    whole = dict(r.precision).get("*")
+    return dict(r.precision).get(node) or whole or ("int16" if r.quant_dtype == "A16W8" else "int8")
+
+
 def effective_dtype(r: Recipe) -> str:
     """The default activation/weight types ORT quantizes with: A16W8 for a whole-model int16."""
     return "A16W8" if r.quant_dtype == "A16W8" or ("*", "int16") in r.precision else r.quant_dtype
