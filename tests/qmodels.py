@@ -194,3 +194,29 @@ def depthwise_ref(x, w, pads, pv, s, d):
             sl = xp[:, :, i * d[0]:i * d[0] + s[0] * (OH - 1) + 1:s[0], j * d[1]:j * d[1] + s[1] * (OW - 1) + 1:s[1]]
             out += np.repeat(sl, O // C, axis=1) * w[:, 0, i, j][None, :, None, None]
     return out
+
+
+#: Files that are no loadable ONNX model -> the words every loader's one-line error must contain.
+BAD_MODEL_FILES = {"missing": "no such file", "directory": "is a directory", "empty": "empty file",
+                   "random": "not an ONNX model", "truncated": "not an ONNX model",
+                   "text": "not an ONNX model"}
+
+
+def bad_model_file(folder: Path, kind: str) -> Path:
+    """``folder/<kind>.onnx`` made into a bad model file of that kind (``BAD_MODEL_FILES``)."""
+    from torq.examples import build_example_cnn
+    p = Path(folder) / f"{kind}.onnx"
+    if kind == "directory":
+        p.mkdir()
+    elif kind == "empty":
+        p.write_bytes(b"")
+    elif kind == "random":
+        p.write_bytes(np.random.default_rng(0).bytes(5000))
+    elif kind == "truncated":
+        good = build_example_cnn().SerializeToString()
+        p.write_bytes(good[: len(good) // 2])
+    elif kind == "text":
+        p.write_text("ir_version: 8\nthis is a text file, not a protobuf\n")
+    else:
+        assert kind == "missing", kind
+    return p

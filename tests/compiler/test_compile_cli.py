@@ -9,7 +9,7 @@ import onnx
 import pytest
 from onnx import helper
 
-from qmodels import conv_model, model, quantize
+from qmodels import BAD_MODEL_FILES, bad_model_file, conv_model, model, quantize
 
 
 def run(*args, cwd=None):
@@ -74,19 +74,11 @@ def test_bad_stage(qconv):
     one_line_error(run(qconv, "--emit", "llvm"), "--emit", "llvm")
 
 
-@pytest.mark.parametrize("kind", ["missing", "directory", "empty", "garbage", "text"])
-def test_bad_model_files(tmp_path, kind):
-    p = tmp_path / "m.onnx"
-    if kind == "directory":
-        p.mkdir()
-    elif kind == "empty":
-        p.write_bytes(b"")
-    elif kind == "garbage":
-        p.write_bytes(np.random.default_rng(0).bytes(300))
-    elif kind == "text":
-        p.write_text("this is not an onnx model\n")
+@pytest.mark.parametrize("kind, expect", BAD_MODEL_FILES.items())
+def test_bad_model_files(tmp_path, kind, expect):
+    p = bad_model_file(tmp_path, kind)
     out = tmp_path / "out.mlir"
-    one_line_error(run(p, "-o", out), "m.onnx")
+    one_line_error(run(p, "-o", out), p.name, expect)
     assert not out.exists()
 
 

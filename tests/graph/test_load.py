@@ -6,7 +6,7 @@ import onnx
 import pytest
 from onnx import helper, numpy_helper
 
-from qmodels import model, vi, weight
+from qmodels import BAD_MODEL_FILES, bad_model_file, model, vi, weight
 from torq.errors import TorqError
 from torq.examples import build_example_cnn
 from torq.graph import is_quantized, load_model
@@ -28,24 +28,9 @@ def test_loads_good_model_and_copies_protos(tmp_path):
     assert copy == m and copy is not m
 
 
-@pytest.mark.parametrize("kind, expect", [
-    ("missing", "no such file"), ("directory", "is a directory"), ("empty", "empty file"),
-    ("random", "not an ONNX model"), ("truncated", "not an ONNX model"),
-    ("text", "not an ONNX model"),
-])
+@pytest.mark.parametrize("kind, expect", BAD_MODEL_FILES.items())
 def test_bad_files(tmp_path, kind, expect):
-    good = build_example_cnn().SerializeToString()
-    p = tmp_path / f"{kind}.onnx"
-    if kind == "directory":
-        p.mkdir()
-    elif kind == "empty":
-        p.write_bytes(b"")
-    elif kind == "random":
-        p.write_bytes(np.random.default_rng(0).bytes(5000))
-    elif kind == "truncated":
-        p.write_bytes(good[: len(good) // 2])
-    elif kind == "text":
-        p.write_text("ir_version: 8\nthis is a text file, not a protobuf\n")
+    p = bad_model_file(tmp_path, kind)
     msg = _err(p)
     assert str(p) in msg and expect in msg
 

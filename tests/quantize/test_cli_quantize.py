@@ -8,7 +8,7 @@ import onnx
 import pytest
 from onnx import helper
 
-from qmodels import model, run, vi
+from qmodels import BAD_MODEL_FILES, bad_model_file, model, run, vi
 from torq.examples import build_example_cnn
 
 
@@ -72,20 +72,9 @@ def _external(tmp_path, loc):
 
 
 def _make(kind, tmp_path):
-    good = build_example_cnn().SerializeToString()
     p = tmp_path / f"{kind}.onnx"
-    if kind == "missing":
-        pass
-    elif kind == "directory":
-        p.mkdir()
-    elif kind == "empty":
-        p.write_bytes(b"")
-    elif kind == "random":
-        p.write_bytes(np.random.default_rng(1).bytes(3000))
-    elif kind == "truncated":
-        p.write_bytes(good[: len(good) * 2 // 3])
-    elif kind == "text":
-        p.write_text("<html><body>not a model</body></html>\n")
+    if kind in BAD_MODEL_FILES:
+        p = bad_model_file(tmp_path, kind)
     elif kind == "custom_op":
         m = model([helper.make_node("Warp", ["x"], ["y"], name="warp_1", domain="vendor.x")],
                   [vi("x", [1, 4])], [vi("y", [1, 4])],
@@ -100,12 +89,7 @@ def _make(kind, tmp_path):
 
 
 @pytest.mark.parametrize("kind, expect", [
-    ("missing", "no such file"),
-    ("directory", "is a directory"),
-    ("empty", "empty file"),
-    ("random", "not an ONNX model"),
-    ("truncated", "not an ONNX model"),
-    ("text", "not an ONNX model"),
+    *BAD_MODEL_FILES.items(),
     ("custom_op", "node 'warp_1' (Warp) uses unknown custom op domain 'vendor.x'"),
     ("external_escape", "external data location '../../etc/passwd' points outside"),
     ("quantized", "already quantized"),

@@ -173,3 +173,30 @@ def test_an_injected_fault_is_caught(monkeypatch):
     monkeypatch.setattr(bf16_arith, "exact_finish", skip_one_rounding)
     faulty, _, _ = nss(model, {"x": x})
     assert np.count_nonzero(faulty["y"] != want) == 1
+
+
+@pytest.mark.parametrize("force_exact", [False, True])
+def test_winograd_conv_and_its_exact_fallback(monkeypatch, force_exact):
+    """3x3 / stride 1 convs run as float64 Winograd F(2x2, 3x3) with a rigorous bound; with the
+    bound made useless every output takes the exact path: the same numbers either way."""
+    from torq.runtime.kernels import float_gemm
+    if force_exact:
+        real = float_gemm.Winograd.sums
+        monkeypatch.setattr(float_gemm.Winograd, "sums",
+                            lambda self, xp, oh, ow: (lambda v, b: (v, b * 1e300))(*real(self, xp, oh, ow)))
+    rng = np.random.default_rng(12)
+    model = conv_case(rng, 8, 5, 9, 3, 1, 1, 1, True)
+    x = rand(rng, (1, 8, 9, 9), 4.0)
+    out, v, _ = nss(model, {"x": x})
+    assert np.array_equal(out["y"], M.conv2d(v["x"], v["w"], v["b"], (1, 1), (1,) * 4, 1, 0.0, INF))
+
+
+def test_rank3_matmul_weight_is_read_at_its_source():
+    """MatMul [B, 1, K] x W[K, N] (torchvision ViT's in-projection): torch-mlir broadcasts W over
+    the batch; the weight is read once (a fully_connected), not folded into B copies."""
+    rng = np.random.default_rng(13)
+    w = rand(rng, (16, 24))
+    model = build([helper.make_node("MatMul", ["x", "w"], ["y"])], [("x", [9, 1, 16])], [("y", [9, 1, 24])], {"w": w})
+    out, v, compiled = nss(model, {"x": rand(rng, (9, 1, 16))})
+    assert compiled.report.lowered == {"fully_connected": 1}
+    assert np.array_equal(out["y"].reshape(9, 24), M.matmul(v["x"].reshape(9, 16), v["w"]))

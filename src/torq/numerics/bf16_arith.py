@@ -162,28 +162,47 @@ def exact_finish(v64, bound, bias, lo, hi, elem: str, exact_acc, norms=None):
 
 @jit
 def _finish_checked(v, full, rn, cn, gamma, br, bc, b0, lo, hi, bf16):
-    """``f(v)`` per element, and where ``f(v - e) != f(v + e)`` (the bound e cannot settle it)."""
+    """``f(v)`` per element, and where ``f(v - e) != f(v + e)`` (the bound e cannot settle it).
+
+    Fast path: when v - e and v + e round to the same fp32 accumulator, everything after it is
+    the same too; only the (rare) others evaluate f at both ends."""
     out = np.empty(v.shape, np.float32)
     bad = np.zeros(v.shape, np.uint8)
-    tmp = np.empty(2, np.float32)
-    tbits = tmp.view(np.uint32)
+    bits = out.reshape(-1).view(np.uint32)
+    alt = np.empty(1, np.float32)
+    alt_bits = alt.view(np.uint32)
+    n_c = v.shape[1]
+    use_full, per_row, per_col = full.shape[0] > 0, br.shape[0] > 0, bc.shape[0] > 0
     for r in range(v.shape[0]):
-        for c in range(v.shape[1]):
+        g = gamma * rn[r] if not use_full else 0.0
+        bias_r = br[r] if per_row else b0
+        for c in range(n_c):
             s = v[r, c]
-            e = full[r, c] if full.shape[0] else gamma * rn[r] * cn[c] + 1e-300
-            bias = br[r] if br.shape[0] else (bc[c] if bc.shape[0] else b0)
-            for j in range(2):
-                t = np.float32(np.float32(s - e if j == 0 else s + e) + bias)
-                tmp[j] = min(max(t, lo), hi)
-                if bf16 and tmp[j] == tmp[j]:
-                    x = tbits[j]
-                    tbits[j] = (x + np.uint32(0x7FFF) + ((x >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xFFFF0000)
-                elif bf16:                                      # NaN: the quiet bf16 NaN
-                    tbits[j] = (tbits[j] & np.uint32(0xFFFF0000)) | np.uint32(0x00400000)
-            out[r, c] = tmp[0]
-            if not (tmp[0] == tmp[1] or (tmp[0] != tmp[0] and tmp[1] != tmp[1])):
-                bad[r, c] = 1               # (by value: -0.0 and +0.0 are the same output)
+            e = full[r, c] if use_full else g * cn[c] + 1e-300
+            bias = bc[c] if per_col else bias_r
+            a_lo = np.float32(s - e)
+            a_hi = np.float32(s + e)
+            t = np.float32(a_lo + bias)
+            t = lo if t < lo else (hi if t > hi else t)
+            k = r * n_c + c
+            out[r, c] = t
+            if bf16:
+                x = bits[k]
+                if (x & np.uint32(0x7F800000)) == np.uint32(0x7F800000) and (x & np.uint32(0x007FFFFF)):
+                    bits[k] = (x & np.uint32(0xFFFF0000)) | np.uint32(0x00400000)        # quiet NaN
+                else:
+                    bits[k] = (x + np.uint32(0x7FFF) + ((x >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xFFFF0000)
+            if a_lo != a_hi:            # rare: the fp32 accumulator itself is in doubt
+                t2 = np.float32(a_hi + bias)
+                alt[0] = lo if t2 < lo else (hi if t2 > hi else t2)
+                if bf16 and alt[0] == alt[0]:
+                    x = alt_bits[0]
+                    alt_bits[0] = (x + np.uint32(0x7FFF) + ((x >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xFFFF0000)
+                if not (alt[0] == out[r, c] or (alt[0] != alt[0] and out[r, c] != out[r, c])):
+                    bad[r, c] = 1       # (by value: -0.0 and +0.0 are the same output)
     return out, bad
+
+
 
 
 # ---------------------------------------------------------------------------- elementwise

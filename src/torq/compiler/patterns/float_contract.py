@@ -43,7 +43,9 @@ def _unary_generic(ctx, op, src_elem: str, dst_elem: str):
     if op is None or op.name != "linalg.generic" or len(op.results) != 1:
         return None
     g = ctx.generic(op)
-    if g is None or not g.parallel or g.var_inputs != [0]:     # other inputs constant (Clip's bounds)
+    if g is None or not g.parallel or g.var_inputs != [0]:
+        return None
+    if any(np.size(c) != 1 for c in g.consts.values()):        # other inputs: scalars (Clip's bounds)
         return None
     if L.element_type(g.inputs[0]) != src_elem or L.element_type(op.results[0]) != dst_elem:
         return None
@@ -175,9 +177,8 @@ def lower_matmul(ctx, op):
     if init is None or np.any(np.asarray(init) != 0):
         return ctx.fail(op, "a bf16 matmul accumulating onto a non-zero init")
     last, lo, hi = _fused_tail(ctx, op)
-    bc = ctx.const(b)
-    if bc is not None and (bc.ndim == 2 or np.all(bc == bc[:1])):
-        w = bc if bc.ndim == 2 else bc[0]
+    w = _constant_weight(ctx, b)
+    if w is not None:
         ip = ir.InsertionPoint(last)
         weights = _bf16_constant(np.ascontiguousarray(w.T), last.location, ip)
         sb = constant(np.zeros(w.shape[1], np.float32), "f32", last.location, ip)
@@ -186,6 +187,30 @@ def lower_matmul(ctx, op):
     attrs = dict(output_zp=0, output_min=_bits(lo), output_max=_bits(hi), shift_factor=0, scale_bias=[],
                  ort_dq_scale=[], ort_output_scale=[])
     return last, emit_op("matmul", last, [a, b], attrs, result_type=_typed(op, last))
+
+
+def _constant_weight(ctx, b):
+    """The [K, N] constant a matmul's right operand holds for every batch, or None. A weight
+    broadcast over the batch (torch-mlir's MatMul of a rank-3 activation: a copy generic or a
+    linalg.broadcast) is read at its source: folding the broadcast would build B copies."""
+    shape = L.shape_of(b)
+    if len(shape) == 2:
+        return ctx.const(b)
+    op = L.producer(b)
+    src = None
+    if op is not None and op.name == "linalg.broadcast" and L.attr_ints(op, "dimensions") == [0]:
+        src = op.operands[0]
+    elif op is not None and op.name == "linalg.generic" and len(op.operands) == 2:
+        g = ctx.generic(op, force_var=(0,))
+        t = g.tree_or_none() if g is not None else None
+        if isinstance(t, L.Arg) and L.shape_of(op.operands[0]) == shape[1:]:
+            src = op.operands[0]           # yields its input: a broadcast along the batch
+    if src is not None:
+        return ctx.const(src)
+    if shape[0] == 1:
+        c = ctx.const(b)
+        return None if c is None else c[0]
+    return None
 
 
 def lower_maxpool(ctx, op):

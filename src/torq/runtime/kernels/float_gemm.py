@@ -51,6 +51,8 @@ class ConvPlan:
                       for j in range(self.kw)] for gi in range(self.g)]
         self.wn = np.concatenate([_row_norms(m) for m in self.w2])
         self.wide = self.stride == [1, 1] and self.kh * self.kw > 1 and self.g == 1
+        self.winograd = Winograd(w) if (self.wide and self.kh == self.kw == 3 and self.dil == [1, 1]
+                                        and self.cg >= 4) else None
 
     def out_hw(self, h, w):
         pl, pr, pt, pb = self.pad
@@ -63,11 +65,22 @@ class ConvPlan:
         pl, pr, pt, pb = self.pad
         out = []
         for img in np.asarray(x):
-            xp = np.pad(img.astype(np.float64), ((0, 0), (pt, pb), (pl, pr))) if any(self.pad) \
-                else np.ascontiguousarray(img, np.float64)
+            xp = _padded(img, self.pad)
             oh, ow = self.out_hw(*img.shape[1:])
-            out.append(self._wide(xp, oh, ow) if self.wide else self._columns(xp, oh, ow))
+            if self.winograd is not None and oh * ow >= 16:
+                v, bound = self.winograd.sums(xp, oh, ow)
+                out.append(Sums(v, bound, self._exact_direct(xp, ow)))
+            else:
+                out.append(self._wide(xp, oh, ow) if self.wide else self._columns(xp, oh, ow))
         return out
+
+    def _exact_direct(self, xp, ow):
+        """fl32 of exact sums from the padded image (unit stride, one group): any output."""
+        def exact(rows, cs):
+            return [_B.exact_sum_f32(self.w2[0][r] * xp[:, (p // ow):(p // ow) + self.kh,
+                                                        (p % ow):(p % ow) + self.kw].ravel())
+                    for r, p in zip(rows, cs)]
+        return exact
 
     def _columns(self, xp, oh, ow) -> Sums:
         vs, cols = [], []
@@ -121,6 +134,108 @@ class ConvPlan:
         return Sums(vs[0], None, exact, (self.wn, cn, self.cg * len(offs)))
 
 
+class Winograd:
+    """Float64 Winograd F(2x2, 3x3) for 3x3 / stride 1 / one-group convolutions, with a rigorous
+    bound on its distance to the exact sums.
+
+    Y = A^T [(G g G^T) ⊙ (B^T d B)] A is the exact correlation for exact U = G g G^T and
+    V = B^T d B (every entry of B, G, A is a dyadic rational, so float64 computes them with at
+    most a few roundings): 16 GEMMs over the channels instead of 36 multiplies per 2x2 outputs.
+    Rounding of U (<= 9 terms), V (<= 4), the channel GEMM (C) and the output transform (<= 6)
+    stays within (C + 19) u (1 + 2^-30) * sum over Winograd positions of Û·V̂ (Û = |G||g||G^T|,
+    V̂ = |B^T||d||B|, both >= the magnitudes they bound), and Σ_c Û_c V̂_c <= ||Û|| ||V̂||."""
+
+    BT = np.array([[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]], np.float64)
+    G = np.array([[1, 0, 0], [.5, .5, .5], [.5, -.5, .5], [0, 0, 1]], np.float64)
+
+    def __init__(self, w: np.ndarray):
+        o, c = w.shape[:2]
+        self.u = np.ascontiguousarray(np.einsum("ai,ocij,bj->aboc", self.G, w, self.G).reshape(16, o, c))
+        uabs = np.einsum("ai,ocij,bj->aboc", np.abs(self.G), np.abs(w), np.abs(self.G)).reshape(16, o, c)
+        self.nu = np.sqrt(np.einsum("poc,poc->po", uabs, uabs))        # [16, O]
+        self.gamma = (c + 19) * 2.0 ** -53 * (1 + 2.0 ** -30)
+
+    def sums(self, xp: np.ndarray, oh: int, ow: int):
+        """(v [O, OH*OW], bound [O, OH*OW]) for a padded image xp [C, H', W']."""
+        c = xp.shape[0]
+        th, tw = -(-oh // 2), -(-ow // 2)
+        need_h, need_w = 2 * th + 2, 2 * tw + 2
+        if xp.shape[1] < need_h or xp.shape[2] < need_w:
+            ext = np.zeros((c, max(need_h, xp.shape[1]), max(need_w, xp.shape[2])))
+            ext[:, :xp.shape[1], :xp.shape[2]] = xp
+            xp = ext
+        v, nv2 = _winograd_in(xp, th, tw)                                   # [16, C, T], [16, T]
+        with gemm_threads(16 * self.u.shape[1] * c * th * tw):
+            m = np.matmul(self.u, v)                                        # [16, O, T]
+        o = m.shape[1]
+        out = _winograd_out(m, th, tw, oh, ow)
+        nv = np.sqrt(nv2)
+        bound = self.gamma * (self.nu.T @ nv)                               # [O, T], each tile's 4 outputs
+        bound = np.repeat(np.repeat(bound.reshape(o, th, tw), 2, axis=1), 2, axis=2)[:, :oh, :ow]
+        return out.reshape(o, -1), np.ascontiguousarray(bound).reshape(o, -1)
+
+
+@jit
+def _winograd_in(xp, th, tw):
+    """V = B^T d B of every 4x4 tile (stride 2) of every channel, and per tile and position the
+    sum over channels of V̂² (V̂ = |B^T||d||B|): one pass."""
+    c_n = xp.shape[0]
+    v = np.empty((16, c_n, th * tw))
+    nv2 = np.zeros((16, th * tw))
+    d = np.empty((4, 4))
+    e = np.empty((4, 4))
+    r = np.empty((4, 4))
+    ra = np.empty((4, 4))
+    for c in range(c_n):
+        for ti in range(th):
+            for tj in range(tw):
+                for i in range(4):
+                    for j in range(4):
+                        d[i, j] = xp[c, 2 * ti + i, 2 * tj + j]
+                        e[i, j] = abs(d[i, j])
+                for j in range(4):
+                    r[0, j], ra[0, j] = d[0, j] - d[2, j], e[0, j] + e[2, j]
+                    r[1, j], ra[1, j] = d[1, j] + d[2, j], e[1, j] + e[2, j]
+                    r[2, j], ra[2, j] = d[2, j] - d[1, j], e[2, j] + e[1, j]
+                    r[3, j], ra[3, j] = d[1, j] - d[3, j], e[1, j] + e[3, j]
+                t = ti * tw + tj
+                for i in range(4):
+                    vals = (r[i, 0] - r[i, 2], r[i, 1] + r[i, 2], r[i, 2] - r[i, 1], r[i, 1] - r[i, 3])
+                    absv = (ra[i, 0] + ra[i, 2], ra[i, 1] + ra[i, 2], ra[i, 2] + ra[i, 1], ra[i, 1] + ra[i, 3])
+                    for j in range(4):
+                        v[4 * i + j, c, t] = vals[j]
+                        nv2[4 * i + j, t] += absv[j] * absv[j]
+    return v, nv2
+
+
+@jit
+def _winograd_out(m, th, tw, oh, ow):
+    """Y = A^T M A per tile (M [16, O, T]) into [O, OH, OW] (the last row / column cropped)."""
+    o_n = m.shape[1]
+    out = np.empty((o_n, oh, ow))
+    for o in range(o_n):
+        for ti in range(th):
+            for tj in range(tw):
+                t = ti * tw + tj
+                a0 = m[0, o, t] + m[4, o, t] + m[8, o, t]
+                a1 = m[1, o, t] + m[5, o, t] + m[9, o, t]
+                a2 = m[2, o, t] + m[6, o, t] + m[10, o, t]
+                a3 = m[3, o, t] + m[7, o, t] + m[11, o, t]
+                b0 = m[4, o, t] - m[8, o, t] - m[12, o, t]
+                b1 = m[5, o, t] - m[9, o, t] - m[13, o, t]
+                b2 = m[6, o, t] - m[10, o, t] - m[14, o, t]
+                b3 = m[7, o, t] - m[11, o, t] - m[15, o, t]
+                r, q = 2 * ti, 2 * tj
+                out[o, r, q] = a0 + a1 + a2
+                if q + 1 < ow:
+                    out[o, r, q + 1] = a1 - a2 - a3
+                if r + 1 < oh:
+                    out[o, r + 1, q] = b0 + b1 + b2
+                    if q + 1 < ow:
+                        out[o, r + 1, q + 1] = b1 - b2 - b3
+    return out
+
+
 def _im2col(xp, kh, kw, stride, dil, oh, ow) -> np.ndarray:
     """[C, H', W'] padded image -> [C*KH*KW, OH*OW] (K in (c, kh, kw) order)."""
     c = xp.shape[0]
@@ -136,20 +251,32 @@ def _im2col(xp, kh, kw, stride, dil, oh, ow) -> np.ndarray:
 def _dw_loop(xp, w, sh, sw, dh, dw, oh, ow):
     """Depthwise taps in one pass: float64 sums and sums of |w x| per output."""
     c_n, kh, kw = w.shape[0], w.shape[2], w.shape[3]
-    v = np.zeros((c_n, oh, ow))
-    a = np.zeros((c_n, oh, ow))
+    v = np.empty((c_n, oh, ow))
+    a = np.empty((c_n, oh, ow))
     for c in range(c_n):
-        for i in range(kh):
-            for j in range(kw):
-                t = w[c, 0, i, j]
-                ta = abs(t)
-                for r in range(oh):
-                    row = xp[c, r * sh + i * dh]
-                    for q in range(ow):
-                        p = t * row[q * sw + j * dw]
-                        v[c, r, q] += p
-                        a[c, r, q] += ta * abs(row[q * sw + j * dw])
+        for r in range(oh):
+            for q in range(ow):
+                s = 0.0
+                sa = 0.0
+                for i in range(kh):
+                    for j in range(kw):
+                        p = w[c, 0, i, j] * xp[c, r * sh + i * dh, q * sw + j * dw]
+                        s += p
+                        sa += abs(p)
+                v[c, r, q] = s
+                a[c, r, q] = sa
     return v, a
+
+
+def _padded(img, pad) -> np.ndarray:
+    """[C, H, W] -> float64 [C, H+t+b, W+l+r], zero padding (pad = l, r, t, b): one pass."""
+    pl, pr, pt, pb = (int(p) for p in pad)
+    c, h, w = img.shape
+    if not (pl or pr or pt or pb):
+        return np.ascontiguousarray(img, np.float64)
+    xp = np.zeros((c, h + pt + pb, w + pl + pr))
+    xp[:, pt:pt + h, pl:pl + w] = img
+    return xp
 
 
 def depthwise_sums(x, w, pad, stride, dilation) -> list[Sums]:
@@ -160,7 +287,7 @@ def depthwise_sums(x, w, pad, stride, dilation) -> list[Sums]:
     (sh, sw), (dh, dw) = [int(s) for s in stride], [int(d) for d in dilation]
     out = []
     for img in np.asarray(x):
-        xp = np.pad(img.astype(np.float64), ((0, 0), (pt, pb), (pl, pr)))
+        xp = _padded(img, (pl, pr, pt, pb))
         oh = (xp.shape[1] - dh * (kh - 1) - 1) // sh + 1
         ow = (xp.shape[2] - dw * (kw - 1) - 1) // sw + 1
         v, a = _dw_loop(xp, w, sh, sw, dh, dw, oh, ow)
