@@ -146,7 +146,7 @@ def quantize(m: onnx.ModelProto, shapes: dict, fmt="qdq", per_channel=False, act
         quantize_static(str(src), str(dst), Reader(shapes, seed=seed, lo=lo, hi=hi),
                         quant_format=QuantFormat.QDQ if fmt == "qdq" else QuantFormat.QOperator,
                         per_channel=per_channel, op_types_to_quantize=op_types,
-                        activation_type=QuantType.QUInt8 if act == "u8" else QuantType.QInt8,
+                        activation_type={"u8": QuantType.QUInt8, "s16": QuantType.QInt16}.get(act, QuantType.QInt8),
                         weight_type=QuantType.QInt8,
                         extra_options={"ForceQuantizeNoInputCheck": True, **extra})
         q = onnx.load(dst)

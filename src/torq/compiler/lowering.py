@@ -13,13 +13,13 @@ from .. import isa
 from . import linalg_view as L
 from . import recognise as R
 from .patterns import (conv, conv3d, data_movement, elementwise, float_contract, float_elementwise, fully_connected,
-                       matmul, movement_chain, pooling, table)
+                       matmul, movement_chain, pooling, requantize, table)
 from .patterns.common import Ctx, Fail, constant
 from .patterns.quant_fallback import DequantizeFallback, QuantizeFallback
 from .unsupported import NO_INTEGER_FORM, LoweringReport, Unsupported, collect  # noqa: F401 (re-exported)
 
 RULES = [*conv.RULES, *conv3d.RULES, *fully_connected.RULES, *matmul.RULES, *elementwise.RULES, *pooling.RULES,
-         *data_movement.RULES, *movement_chain.RULES, *table.RULES]
+         *data_movement.RULES, *movement_chain.RULES, *table.RULES, *requantize.RULES]
 # Rules rooted at an integer compute op rather than a quantize (ops ORT already runs on int8).
 OP_RULES = [*pooling.OP_RULES]
 

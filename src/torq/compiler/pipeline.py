@@ -21,6 +21,7 @@ from ..graph.io_quant import io_quant_params
 from ..graph.load import load_model
 from ..graph.input_shape import specialise, static_shapes
 from ..graph.validate import validate
+from .frontend.wide_weights import per_axis_int16_weights
 from ..program import Program
 from ..graph.bf16 import bf16_seeds, is_bf16, retype_from, to_fp32
 from . import importer, lowering, torq_hl
@@ -108,7 +109,7 @@ def import_graph(model: onnx.ModelProto) -> onnx.ModelProto:
     opsets models use; see graph/bf16.py) and is retyped bf16 at the end."""
     if is_bf16(model):
         return retype_from(import_graph(to_fp32(model)), bf16_seeds(model))
-    model = canonicalize(specialise(model))
+    model = per_axis_int16_weights(canonicalize(specialise(model)))
     return slice_constant_gathers(fold_shape_arithmetic(model))
 
 

@@ -50,10 +50,12 @@ def in_chunks(run, x: np.ndarray, n: int) -> np.ndarray:
     return np.concatenate(outs)
 
 
-def quantize_input(x: np.ndarray, scale: float, zero_point: int) -> np.ndarray:
-    """ONNX QuantizeLinear to int8, ORT's recipe (``numerics.quantize_ort``)."""
+def quantize_input(x: np.ndarray, scale: float, zero_point: int, dtype: str = "int8") -> np.ndarray:
+    """ONNX QuantizeLinear to int8 (or the input's integer ``dtype``, e.g. int16 for A16W8),
+    ORT's recipe (``numerics.quantize_ort``)."""
     from ..numerics import quantize_ort
-    return quantize_ort(x, np.float32(scale), int(zero_point), -128, 127).astype(np.int8)
+    info = np.iinfo(np.dtype(dtype))
+    return quantize_ort(x, np.float32(scale), int(zero_point), info.min, info.max).astype(dtype)
 
 
 class OrtEngine:

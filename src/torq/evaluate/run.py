@@ -161,6 +161,8 @@ def evaluate(model, dataset, *, preprocess: str | Preprocess | None = None, opti
     qin = io_quant_params(q)["inputs"][name]
     result = EvalResult.start(model, data, opts, classes, len(calib))
     result.int8_model = q
+    from ..quantize.sensitivity import precision_summary
+    result.precision = precision_summary(reference, q)
     _run_ort_paths(result, data, opts, (fp32, reference), q, name, shape, qin)
     _run_nss_path(result, data, opts, q, name, shape, qin)
     result.finish()
@@ -189,7 +191,7 @@ def _run_ort_paths(result, data, opts, fp32_models, q, name, shape, qin) -> None
     sqnr = metrics.LayerSqnr(reference, q) if opts.sqnr_images else None
     with result.progress("FP32 + INT8 (ORT)", len(data), opts.progress) as advance:
         for start, x in batches(data, opts, name, shape):
-            xq = quantize_input(x, qin["scale"], qin["zero_point"])
+            xq = quantize_input(x, qin["scale"], qin["zero_point"], qin.get("dtype", "int8"))
             for path, engine in engines.items():
                 t0 = time.perf_counter()
                 out = engine(x if path == "fp32" else xq)
@@ -214,7 +216,7 @@ def _run_nss_path(result, data, opts, q, name, shape, qin) -> None:
             if item is None:
                 return
             start, x = item
-            xq = quantize_input(x, qin["scale"], qin["zero_point"])
+            xq = quantize_input(x, qin["scale"], qin["zero_point"], qin.get("dtype", "int8"))
             feeding[0] += time.perf_counter() - t0
             yield start, xq
 

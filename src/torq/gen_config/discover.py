@@ -207,6 +207,9 @@ def _discover(opts: DiscoverOptions, layers, build_full, path: Path, progress) -
             entry["_orig_index"] = layer.node_index
             entry["mlir_location"] = loc if loc else layer.op_type
             _set_macs(entry, layer)
+            if opts.quant.quantize:
+                from ..quantize.recipe import layer_precision
+                entry["precision"] = layer_precision(opts.quant.recipe, layer.node_name)
             _fill(ctx, layer, entry, why, results)
             _save(ctx)
     if progress:

@@ -108,6 +108,9 @@ def quant_settings(args) -> QuantSettings:
     if bf16 and args.quantize:
         raise TorqError("--auto-convert-bf16 and --quantize are mutually exclusive: "
                         "the model runs on the NPU in bf16 or in int8")
+    if args.quantize and ("*", "auto") in recipe.precision:
+        from ..quantize.auto_precision import resolve_auto   # measured once; every layer then has its own
+        recipe = resolve_auto(recipe, args.model)
     return QuantSettings(args.quantize, recipe, bf16)
 
 

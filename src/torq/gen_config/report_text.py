@@ -163,7 +163,7 @@ def layer_lines(lid: str, op: dict) -> list[str]:
              f"Recommended Executor: {op.get('recommended_executor') or '-'}"]
     if op.get("mac_count") is not None:
         lines.append(f"MACs: {op['mac_count']:,}")
-    for key, label in (("duplicate_of", "Duplicate of"), ("skipped", "Skipped")):
+    for key, label in (("precision", "Precision"), ("duplicate_of", "Duplicate of"), ("skipped", "Skipped")):
         if key in op:
             lines.append(f"{label}: {op[key]}")
     if "tolerance_used" in op:

@@ -63,7 +63,8 @@ def print_table(report: dict, console=None, show_all: bool = False) -> None:
     from rich.table import Table
     console = console or Console(width=None if sys.stdout.isatty() else 100_000)
     t = Table(title=f"executor map: {escape(str(report.get('model_name')))}")
-    for col in ("#", "layer", *EXECUTOR_ORDER, "recommended", "location"):
+    mixed = any(op.get("precision", "int8") != "int8" for op in report["ops"].values())   # int16 layers
+    for col in ("#", "layer", *(("precision",) if mixed else ()), *EXECUTOR_ORDER, "recommended", "location"):
         t.add_column(col, overflow="fold")
     for lid, op in report["ops"].items():
         if folded(op) and not show_all:
@@ -73,7 +74,8 @@ def print_table(report: dict, console=None, show_all: bool = False) -> None:
         rec = op.get("recommended_executor") or "[red]null[/]"
         if "executor" in (op.get("edit") or {}):
             rec += " (edited)"
-        t.add_row(escape(str(T.node_index(op))), escape(lid), *cells, rec,
+        prec = (escape(str(op.get("precision", "-"))),) if mixed else ()
+        t.add_row(escape(str(T.node_index(op))), escape(lid), *prec, *cells, rec,
                   escape(str(op.get("mlir_location", ""))))
     console.print(t)
     if _folded_note(report, show_all):

@@ -5,6 +5,7 @@ import argparse
 import textwrap
 from pathlib import Path
 
+from ..errors import TorqError
 from ..fileio import refuse_overwrite
 
 
@@ -49,6 +50,24 @@ def default_output(model: Path) -> Path:
     return model.with_name(f"{model.stem}.int8.onnx")
 
 
+def _auto_report(q, out: Path, recipe) -> None:
+    """--precision auto: the choice per layer next to the model (``<output stem>.precision.json``)."""
+    import json
+
+    from ..fileio import atomic_write_text
+    from .precision import stamped
+    result = stamped(q)
+    if result is None:
+        return
+    report = out.with_name(out.stem + ".precision.json")
+    atomic_write_text(report, json.dumps(result, indent=1) + "\n")
+    verdict = "within" if result["met"] else "NOT within"
+    print(f"torq-gen-config quantize: --precision auto: {len(result['int16_layers'])} int16 layers, "
+          f"{100 * result['int8_mac_share']:.1f} % of MACs in int8; top-1 disagreement with FP32 "
+          f"{result['disagreement_top1_points']:.2f} points on {result['holdout_images']} held-apart samples "
+          f"({verdict} the budget {recipe.accuracy_budget:g}); per layer: {report}")
+
+
 def _cmd_quantize(args) -> int:
     from ..fileio import save_model
     from ..graph.load import load_model
@@ -61,8 +80,12 @@ def _cmd_quantize(args) -> int:
     out = Path(args.output) if args.output else default_output(model)
     refuse_overwrite(out, "--output", {"--model": model, "--calibration-data": recipe.calibration_data})
     fp32 = load_model(model)  # validated before the slow steps; also the "before" of the summary
+    if ("*", "auto") in recipe.precision and not recipe.calibration_data:
+        raise TorqError("--precision auto needs real calibration data (--calibration-data): the choice is "
+                        "measured against FP32 on held-apart samples")
     q = apply(recipe, model).model        # stage lines (fold, CLE, calibration, ...) on stderr
     save_model(q, out)
+    _auto_report(q, out, recipe)
     calib = f"{recipe.calibration_data} (first {recipe.num_calib})" if recipe.calibration_data \
         else f"synthetic x{recipe.num_calib}"
     print(f"torq-gen-config quantize: wrote {out}")

@@ -286,15 +286,29 @@ def bias_to_accumulator(ctx: Ctx, op, q_b, zp_b, s_b, s_acc) -> np.ndarray | Fai
     return b if fail is None else fail
 
 
-def folded_bias(ctx: Ctx, op, bias, in_zp: int, w_adj) -> np.ndarray:
+#: Activation element types the NSS computes with: int8, and int16 (A16W8: the byte-plane path).
+ACTIVATION_DTYPES = (np.int8, np.int16)
+
+
+def activation_dtype(dt) -> bool:
+    return any(dt is t for t in ACTIVATION_DTYPES)
+
+
+def folded_bias(ctx: Ctx, op, bias, in_zp: int, w_adj, wide: bool = False) -> np.ndarray | Fail:
     """b' = b − in_zp·Σw′ per output channel, modulo 2**32 as the int32 register holds it.
 
     ORT accumulates ``Σ(x − in_zp)·w′ + b`` in int32 and wraps; ``Σx·w′ + b'`` wrapped the same
     way is congruent modulo 2**32, so the ACT sees the very same int32 whatever the range. A
     BatchNorm-folded "dust" channel (weights ~1e-8 of the layer's, int32 bias near its limit)
-    is therefore lowered exactly, not refused."""
+    is therefore lowered exactly, not refused.
+
+    ``wide`` (int16 input): b' must fit int32 as it is; the accumulator of a large layer may leave
+    int32 on extreme inputs, which the ACT's 32-bit sum wraps (``numerics.int16``, "overflow")."""
     w2 = np.asarray(w_adj, np.int64).reshape(len(bias), -1)
     folded = np.asarray(bias, np.int64) - int(in_zp) * w2.sum(axis=1)
+    if wide:
+        fail = int32_or_fail(ctx, op, "folded bias (bias − in_zp·Σw′)", folded)
+        return folded if fail is None else fail
     return folded.astype(np.int32).astype(np.int64)
 
 

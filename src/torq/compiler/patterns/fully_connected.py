@@ -17,7 +17,8 @@ from ... import numerics
 from .. import linalg_view as L
 from .. import recognise as R
 from .. import torq_hl
-from .common import Ctx, Fail, Root, bias_to_accumulator, constant, emit, empty, folded_bias, rescale, scalar
+from .common import (Ctx, Fail, Root, activation_dtype, bias_to_accumulator, constant, emit, empty, folded_bias,
+                     rescale, scalar)
 
 
 @dataclass
@@ -151,15 +152,20 @@ class QFullyConnected:
             bias = bias_to_accumulator(ctx, mm, bq[0], np.ravel(bq[2]), np.ravel(bq[1]), dq_scale)
             if isinstance(bias, Fail):
                 return bias
-        if np.ndim(root.q.scale) or root.q.out_dtype is not np.int8:
-            return ctx.fail(mm, "output quantization is not per-tensor int8")
+        if np.ndim(root.q.scale) or not activation_dtype(root.q.out_dtype):
+            return ctx.fail(mm, "output quantization is not per-tensor int8 / int16")
+        if not activation_dtype(L.np_dtype(x.type)):
+            return ctx.fail(mm, "input is neither int8 nor int16")
         return FCMatch(mm, x, w.astype(np.int64), w_zp, in_zp, np.broadcast_to(bias, (O,)).astype(np.int64), dq_scale)
 
     def rewrite(self, ctx: Ctx, root: Root, m: FCMatch):
         from torch_mlir import ir
         ys = np.float32(root.q.scale)
         w_adj = m.w - m.w_zp
-        bias = folded_bias(ctx, m.mm, m.bias, m.in_zp, w_adj)  # q_bias = q_b - Z_X·Σ q_W (lecture)
+        bias = folded_bias(ctx, m.mm, m.bias, m.in_zp, w_adj,  # q_bias = q_b - Z_X·Σ q_W (lecture)
+                           wide=L.np_dtype(m.x.type) is np.int16)
+        if isinstance(bias, Fail):
+            return bias
         mults, shift, bias, dq_scale, w_adj = rescale(m.dq_scale, ys, w_adj, bias, root.q)
         ip = ir.InsertionPoint(root.op)
         loc = m.mm.location
