@@ -20,7 +20,6 @@ from ..graph.inputs import random_inputs
 from . import executors as X
 from . import mapping, partition, schema, store
 from .discover import model_and_layers
-from ..graph import extract_segment
 from .compare import BF16_RUN_TOL_FRAC, float_metrics
 from .options import QuantSettings, add_common_args, cache_dir, quant_settings, use_engine
 
@@ -175,17 +174,17 @@ def precompile(c, segs, opts: RunOptions, log=None) -> None:
     and put what each task built into this process's cache, where ``execute`` then finds it."""
     from .. import cluster
     from ..fileio import atomic_write_bytes
-    graph_outputs = {o.name for o in c.graph.output}
-    work = [(str(cache_dir()), os.environ.get("TORQ_ENGINE"),
-             _drop_dq_outputs(extract_segment(c, seg.nodes), graph_outputs).SerializeToString(), seg.executor, opts)
-            for seg in segs]
+    from ..graph import extract_chain
+    built = [(seg, m) for seg, m in zip(segs, extract_chain(c, [seg.nodes for seg in segs])) if m is not None]
+    work = [(str(cache_dir()), os.environ.get("TORQ_ENGINE"), m.SerializeToString(), seg.executor, opts)
+            for seg, m in built]
     root = cache_dir()
     for i, files in enumerate(cluster.ordered(compile_segment, work, opts.ray)):
         for rel, data in files:
             if not (root / rel).exists():
                 atomic_write_bytes(root / rel, data)
         if log:
-            log(i + 1, len(segs), f"compiled segment {i} ({segs[i].executor})")
+            log(i + 1, len(built), f"compiled segment {i} ({built[i][0].executor})")
 
 
 def compile_segment(cache_root: str, engine, model_bytes: bytes, executor: str, opts: RunOptions) -> list:

@@ -56,8 +56,6 @@ def print_table(report: dict, console=None, show_all: bool = False) -> None:
     """Layers x executors; layer ids whole (a pipe gets the table's full width, ids copy into
     ``edit``); folded constants counted apart unless ``show_all``. Names from the model are data:
     escaped, never read as rich markup."""
-    import sys
-
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table

@@ -26,7 +26,7 @@ from ... import numerics
 from .. import linalg_view as L
 from .. import recognise as R
 from .common import (Ctx, Fail, Root, activation_dtype, bias_to_accumulator, constant, emit, folded_bias,
-                     int32_or_fail, pad_constant, rescale, scalar, strip_pad)
+                     pad_constant, rescale, scalar, strip_pad)
 
 
 @dataclass
