@@ -36,8 +36,10 @@ demo: $(STAMP)
 test: $(STAMP) system-packages
 	$(BIN)/python -m pytest
 
-fuzz: $(STAMP)   # the long mutation-fuzzing run (make test runs 40 cases)
-	TORQ_FUZZ=$${TORQ_FUZZ:-500} $(BIN)/python -m pytest -q tests/robustness/test_fuzz.py
+fuzz: $(STAMP)   # the long mutation-fuzzing run, two seeds (make test runs a few cases)
+	for seed in 1000 2000; do \
+	  TORQ_FUZZ=$${TORQ_FUZZ:-500} TORQ_FUZZ_SEED=$$seed $(BIN)/python -m pytest -q -s \
+	    tests/robustness/test_fuzz.py tests/robustness/test_state_fuzz.py || exit 1; done
 
 bench-models: $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[bench]'

@@ -150,9 +150,8 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=1, help="NSS worker processes (default 1)")
     ap.add_argument("--threads", type=int, default=0,
                     help="NSS threads in the process (default 0: every usable core)")
-    from torq.quantize.recipe import RECOMMENDED
     from torq.quantize.recipe_flags import add_recipe_arguments
-    add_recipe_arguments(ap, default=RECOMMENDED, title="quantization recipe (as evaluate; each row's "
+    add_recipe_arguments(ap, title="quantization recipe (as evaluate; each row's "
                          "calibration data and preprocessing unless given)")
     ap.add_argument("--sqnr-images", type=int, default=4, help="images for the per-layer SQNR (default 4)")
     ap.add_argument("--no-onnx-reference", dest="onnx_reference", action="store_false",

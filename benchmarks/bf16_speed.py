@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import zoo  # noqa: E402
+import torchvision_zoo as zoo  # noqa: E402
 
 
 def _time(fn) -> float:

@@ -1,6 +1,6 @@
 """The torchvision zoo in bf16 on the NSS: ``discover --auto-convert-bf16`` then ``run``, one table.
 
-    python benchmarks/bf16_zoo.py                        # every CNN of benchmarks/zoo.py + convnext + vit
+    python benchmarks/bf16_zoo.py                        # every CNN of benchmarks/torchvision_zoo.py + convnext + vit
     python benchmarks/bf16_zoo.py --models resnet18,vit_b_16 --images 8 --json build/bf16_zoo.json
 
 Per model (exported by ``zoo.export``: seeded random weights, batch 1, opset 17):
@@ -27,10 +27,30 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import zoo  # noqa: E402
+import torchvision_zoo as zoo  # noqa: E402
 
 CNNS = [m for m in zoo.MODELS if m not in ("convnext_tiny", "vit_b_16")]
 DEFAULT = CNNS + ["convnext_tiny", "vit_b_16"]
+
+
+def with_live_head(path: Path) -> tuple[Path, bool]:
+    """The model, or a copy whose all-zero 2-D float initializers (torchvision's ViT inits its
+    classification head to 0: every logit 0, top-1 a tie) are seeded random: (path, changed)."""
+    import onnx
+    from onnx import numpy_helper
+    m = onnx.load(str(path))
+    rng = np.random.default_rng(2)
+    changed = False
+    for t in m.graph.initializer:
+        a = numpy_helper.to_array(t)
+        if a.ndim == 2 and a.dtype == np.float32 and a.size > 1000 and not a.any():
+            t.CopyFrom(numpy_helper.from_array((rng.standard_normal(a.shape) * 0.02).astype(np.float32), t.name))
+            changed = True
+    if not changed:
+        return path, False
+    out = path.with_name(path.stem + ".randhead.onnx")
+    onnx.save(m, str(out))
+    return out, True
 
 
 def discover_and_run(path: Path, out: Path, dedup: bool) -> dict:
@@ -93,8 +113,8 @@ def main(argv=None) -> int:
     print(f"host load (1/5/15 min): {' '.join(f'{v:.1f}' for v in os.getloadavg())} on {os.cpu_count()} cores")
     rows = []
     for m in [s.strip() for s in args.models.split(",") if s.strip()]:
-        path = zoo.export(m)
-        row = {"model": m}
+        path, random_head = with_live_head(zoo.export(m))
+        row = {"model": m + (" (random head)" if random_head else "")}
         try:
             if not args.no_discover:
                 row.update(discover_and_run(path, Path(args.out) / m, dedup=m == "vit_b_16"))

@@ -71,7 +71,7 @@ def main() -> None:
     s = report["discovery_report"]["summary"]
     m = report["full_model_metrics"]
     print(f"ResNet-18 ({args.hw}x{args.hw}, {args.format}, full-integer, skip-mode): {n} layers, "
-          f"NSS {s['executor_counts']['nss']}, CSS {s['executor_counts']['css']}, HOST {s['executor_counts']['host']}")
+          f"NSS {s['recommended_counts']['nss']}, CSS {s['recommended_counts']['css']}, HOST {s['recommended_counts']['host']}")
     print(f"discover cold  {cold:7.1f} s   (--jobs {args.jobs})")
     print(f"discover warm  {warm:7.1f} s   (cold / warm = {cold / warm:.1f}x)")
     print(f"run            {run_s:7.1f} s   max |Δ| {m['max_abs_lsb']:g} LSB, passed={m['passed']}")

@@ -25,7 +25,7 @@ def one(model_path: Path, out: Path, fmt: str, jobs: int) -> dict:
     t1 = time.perf_counter()
     report, _ = run_full(RunOptions(model_path, out, quant))
     t2 = time.perf_counter()
-    counts = report["discovery_report"]["summary"]["executor_counts"]
+    counts = report["discovery_report"]["summary"]["recommended_counts"]
     m = report["full_model_metrics"]
     none = sum(1 for op in report["ops"].values() if not op.get("recommended_executor"))
     return {**counts, "none": none, "layers": len(report["ops"]), "max_lsb": m["max_abs_lsb"],

@@ -29,7 +29,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-FLAGS = {"qdq": [], "qdq-pc": ["--per-channel"], "qoperator": ["--quant-format", "qoperator"]}
+#: ORT's defaults (preset "ort") in three formats; the product default (the recommended recipe) is
+#: what evaluate measures
+FLAGS = {"qdq": ["--recipe", "ort"], "qdq-pc": ["--recipe", "ort", "--per-channel"],
+         "qoperator": ["--recipe", "ort", "--quant-format", "qoperator"]}
 CLI = [sys.executable, "-m", "torq.gen_config.cli"]
 COMPILE = [sys.executable, "-m", "torq.compile_cli"]
 

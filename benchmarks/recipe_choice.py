@@ -1,14 +1,16 @@
 """Choose the recommended int8 recipe on the tuning half, report it on the other half.
 
     python benchmarks/recipe_choice.py [--only effnet|lite1|lite2|fmnist ...] [--candidate NAME ...]
-                                       [--limit N] [--json OUT]
+                                       [--limit N] [--json OUT] [--cache DIR]
 
 For each benchmark model (benchmarks/models/build.py) and each candidate recipe (named presets, and
 ``NAME:METHOD`` for another calibration method), quantizes with the row's held-apart calibration
 images and classifies every evaluation image with FP32 and INT8 (ONNX Runtime; with exact scales the
 NSS reproduces it bit for bit, see accuracy.py). The evaluation images are split by a seeded
-permutation (torq.evaluate.protocol.halves): the candidate with the smallest mean top-1 drop over the
-models on the *tuning* half is chosen; the *report* half, which played no part in the choice, gives
+permutation (torq.evaluate.protocol.halves). The choice is made on the *tuning* half: the first
+candidate (the simplest, the baseline) is kept unless another one beats it there with a 95 %
+paired-bootstrap interval (images pooled over the models) entirely above zero. The *report* half,
+which played no part in the choice, gives
 the numbers quoted: top-1 with a 95 % Wilson interval and INT8 − FP32 with a 95 % paired-bootstrap
 interval, and the chosen recipe against every other candidate ("no gain" when the interval includes 0).
 """
@@ -37,49 +39,63 @@ def recipe_of(name: str, entry: dict):
 
 def outcomes(entry: dict, candidates, limit, cache: Path | None = None) -> dict:
     """{"labels", "fp32": per-image 0/1, candidate: per-image 0/1} on every evaluation image.
-    With ``cache``: each model × candidate is saved there as it finishes and reused (resumable)."""
+    With ``cache``: each array is saved there as soon as it is known and reused (a rerun resumes
+    at the first candidate not yet measured)."""
+    out = {}
     if cache is not None:
         cache.mkdir(parents=True, exist_ok=True)
-        done = {f.stem: np.load(f) for f in cache.glob("*.npy")}
-        if {"labels", "fp32", *candidates} <= set(done):
-            return {k: done[k] for k in ("labels", "fp32", *candidates)}
-        todo = [c for c in candidates if c not in done]
-        out = outcomes(entry, todo, limit)
-        for k, v in out.items():
-            np.save(cache / f"{k}.npy", v)
-        return {**{k: done[k] for k in ("labels", "fp32", *candidates) if k in done}, **out}
+        out = {f.stem: np.load(f) for f in cache.glob("*.npy")}
+    keep = ("labels", "fp32", *candidates)
+    todo = [c for c in candidates if c not in out]
+    if not todo and {"labels", "fp32"} <= set(out):
+        return {k: out[k] for k in keep}
+
+    def save(key, value):
+        out[key] = value
+        if cache is not None:
+            np.save(cache / f"{key}.npy", value)
     from torq.data import load_dataset
     from torq.evaluate.engines import OrtEngine, quantize_input
     from torq.evaluate.run import EvalOptions, batches, prepare, split
     from torq.graph.io_quant import io_quant_params
-    out, cached = {}, None
-    for name in candidates:
+    cached = None
+    for name in todo:
         opts = EvalOptions(recipe=recipe_of(name, entry), batch=50, limit=limit, progress=False)
         data, calib = split(load_dataset(entry["dataset"]), opts)
         fp32, q, iname, shape, _, _ = prepare(entry["model"], data, calib, opts)
         if cached is None:                      # the same preprocessed images for every candidate
             cached = list(batches(data, opts, iname, shape))
-            f = OrtEngine(fp32)
-            out["labels"] = data.labels
-            out["fp32"] = np.concatenate([np.argmax(f(x), 1) for _, x in cached]) == data.labels
+            if "fp32" not in out:
+                f = OrtEngine(fp32)
+                save("labels", data.labels)
+                save("fp32", np.concatenate([np.argmax(f(x), 1) for _, x in cached]) == data.labels)
         qin = io_quant_params(q)["inputs"][iname]
         i8 = OrtEngine(q)
         pred = np.concatenate([np.argmax(i8(quantize_input(x, qin["scale"], qin["zero_point"])), 1)
                                for _, x in cached])
-        out[name] = pred == data.labels
+        save(name, pred == data.labels)
         print(f"  {name}: {100 * out[name].mean():.2f} (fp32 {100 * out['fp32'].mean():.2f})", file=sys.stderr)
-    return out
+    return {k: out[k] for k in keep}
 
 
-def choose(rows: dict, candidates, half: dict) -> str:
-    """The candidate with the smallest mean (FP32 − INT8) top-1 over the rows, on the tuning half."""
-    def drop(name):
-        return np.mean([r["fp32"][half[k]["tune"]].mean() - r[name][half[k]["tune"]].mean()
-                        for k, r in rows.items()])
-    return min(candidates, key=drop)
+def choose(rows: dict, candidates, half: dict) -> tuple[str, dict]:
+    """(chosen, tests): the simplest candidate (the first) unless another one beats it on the
+    tuning half — its 95 % paired-bootstrap interval, pooled over the models' tuning images,
+    entirely above zero — then the one with the largest such gain. ``tests``: every other
+    candidate minus the first, on the tuning half."""
+    from torq.evaluate.protocol import paired_bootstrap
+
+    def tune(name):
+        return np.concatenate([r[name][half[k]["tune"]] for k, r in rows.items()])
+    base = candidates[0]
+    tests = {c: paired_bootstrap(tune(base), tune(c)) for c in candidates[1:]}
+    winners = [c for c, t in tests.items() if t["ci95"][0] > 0]
+    return (max(winners, key=lambda c: tests[c]["diff"]) if winners else base), tests
 
 
-def report(rows: dict, candidates, chosen: str, half: dict) -> dict:
+def report(rows: dict, candidates, chosen: str, half: dict, tests: dict) -> dict:
+    """Per model and half: top-1 (Wilson 95 %) of FP32 and every candidate, each candidate minus
+    FP32 (paired bootstrap 95 %); on the report half also the chosen candidate minus each other."""
     from torq.evaluate.protocol import paired_bootstrap, wilson
     table = {}
     for k, r in rows.items():
@@ -89,35 +105,47 @@ def report(rows: dict, candidates, chosen: str, half: dict) -> dict:
             c = r[name]
             row[name] = {h: {"top1": float(c[i].mean()), "ci95": list(wilson(int(c[i].sum()), len(i)))}
                          for h, i in idx.items()}
-            if name != "fp32":
-                row[name]["report"]["vs_fp32"] = paired_bootstrap(r["fp32"][idx["report"]], c[idx["report"]])
-                if name != chosen:
-                    row[name]["report"]["chosen_minus_this"] = paired_bootstrap(c[idx["report"]],
-                                                                                 r[chosen][idx["report"]])
+            if name == "fp32":
+                continue
+            for h, i in idx.items():
+                row[name][h]["vs_fp32"] = paired_bootstrap(r["fp32"][i], c[i])
+            if name != chosen:
+                row[name]["report"]["chosen_minus_this"] = paired_bootstrap(c[idx["report"]],
+                                                                             r[chosen][idx["report"]])
         table[k] = row
-    return {"chosen_on_tuning_half": chosen, "rows": table}
+    return {"chosen_on_tuning_half": chosen, "baseline": candidates[0],
+            "tuning_half_minus_baseline": tests, "rows": table}
+
+
+def _pts(d: dict) -> str:
+    return f"{100 * d['diff']:+.1f} ({100 * d['ci95'][0]:+.1f}…{100 * d['ci95'][1]:+.1f})"
+
+
+def _half_table(res: dict, candidates, h: str) -> list[str]:
+    lines = ["| model | images | FP32 | " + " | ".join(candidates) + " |", "|" + "---|" * (3 + len(candidates))]
+    for k, row in res["rows"].items():
+        f = row["fp32"][h]
+        cells = [f"{100 * row[n][h]['top1']:.1f}, {_pts(row[n][h]['vs_fp32'])}" for n in candidates]
+        lines.append(f"| {k} | {row['images'][h]} | {100 * f['top1']:.1f} ({100 * f['ci95'][0]:.1f}…"
+                     f"{100 * f['ci95'][1]:.1f}) | " + " | ".join(cells) + " |")
+    return lines
 
 
 def markdown(res: dict, candidates) -> str:
-    chosen = res["chosen_on_tuning_half"]
-    lines = [f"Chosen on the tuning half: **{chosen}**. Report half (images that played no part in the choice):", "",
-             "| model | images | FP32 | " + " | ".join(candidates) + " |", "|" + "---|" * (3 + len(candidates))]
+    chosen, base = res["chosen_on_tuning_half"], res["baseline"]
+    lines = ["Cells: top-1 %, INT8 − FP32 in points (95 % paired bootstrap); FP32 with its Wilson 95 % interval.",
+             "", "Tuning half (the choice is made here):", "", *_half_table(res, candidates, "tune"), "",
+             f"Tuning half, pooled over the models, each candidate minus {base} (95 % paired bootstrap): "
+             + "; ".join(f"{n}: {_pts(t)} {t['verdict']}" for n, t in res["tuning_half_minus_baseline"].items()),
+             "", f"Chosen: **{chosen}**" + ("" if chosen != base else
+                                            f" (no candidate beats {base} with an interval excluding 0: "
+                                            "the simplest is kept)"), "",
+             "Report half (images that played no part in the choice):", "",
+             *_half_table(res, candidates, "report"), "",
+             f"{chosen} minus each other candidate on the report half (points, 95 % paired bootstrap):"]
     for k, row in res["rows"].items():
-        f = row["fp32"]["report"]
-        cells = []
-        for name in candidates:
-            rep = row[name]["report"]
-            d = rep["vs_fp32"]
-            cells.append(f"{100 * rep['top1']:.1f} ({100 * d['diff']:+.1f}, {100 * d['ci95'][0]:+.1f}…"
-                         f"{100 * d['ci95'][1]:+.1f})")
-        lines.append(f"| {k} | {row['images']['report']} | {100 * f['top1']:.1f} ({100 * f['ci95'][0]:.1f}…"
-                     f"{100 * f['ci95'][1]:.1f}) | " + " | ".join(cells) + " |")
-    lines += ["", f"{chosen} minus each other candidate on the report half (points, 95 % paired bootstrap):"]
-    for k, row in res["rows"].items():
-        parts = [f"{n}: {100 * row[n]['report']['chosen_minus_this']['diff']:+.1f} "
-                 f"({100 * row[n]['report']['chosen_minus_this']['ci95'][0]:+.1f}…"
-                 f"{100 * row[n]['report']['chosen_minus_this']['ci95'][1]:+.1f}, "
-                 f"{row[n]['report']['chosen_minus_this']['verdict']})" for n in candidates if n != chosen]
+        parts = [f"{n}: {_pts(row[n]['report']['chosen_minus_this'])} {row[n]['report']['chosen_minus_this']['verdict']}"
+                 for n in candidates if n != chosen]
         lines.append(f"- {k}: " + "; ".join(parts))
     return "\n".join(lines)
 
@@ -143,7 +171,8 @@ def main() -> None:
         rows[name] = outcomes(entry, candidates, args.limit,
                               Path(args.cache) / name if args.cache else None)
     half = {k: halves(len(r["labels"]), args.split_seed) for k, r in rows.items()}
-    res = report(rows, candidates, choose(rows, candidates, half), half)
+    chosen, tests = choose(rows, candidates, half)
+    res = report(rows, candidates, chosen, half, tests)
     print(markdown(res, candidates))
     if args.json:
         from torq.fileio import atomic_write_json

@@ -146,7 +146,7 @@ def quantize(m: onnx.ModelProto, shapes: dict, fmt="qdq", per_channel=False, act
         quantize_static(str(src), str(dst), Reader(shapes, seed=seed, lo=lo, hi=hi),
                         quant_format=QuantFormat.QDQ if fmt == "qdq" else QuantFormat.QOperator,
                         per_channel=per_channel, op_types_to_quantize=op_types,
-                        activation_type=QuantType.QUInt8 if act == "u8" else QuantType.QInt8,
+                        activation_type={"u8": QuantType.QUInt8, "s16": QuantType.QInt16}.get(act, QuantType.QInt8),
                         weight_type=QuantType.QInt8,
                         extra_options={"ForceQuantizeNoInputCheck": True, **extra})
         q = onnx.load(dst)
@@ -166,19 +166,6 @@ def conv_model(rng, cin, cout, k, stride, dilation, pads, group, bias, relu, hw)
         nodes.append(helper.make_node("Relu", ["c"], ["y"]))
     return model(nodes, [("x", [1, cin, hw[0], hw[1]])], ["y"], inits)
 
-
-def npu_quantize_bf16(x, s, z, qmin, qmax):
-    """The NSS's Quantize fallback, its steps with the very numerics calls it makes: act f2f,
-    mul (bf16_affine), act f2i, fma clamp."""
-    factor, bias = numerics.bf16_fallback_constants(s, z, True)
-    q = numerics.float_to_int(numerics.bf16_affine(numerics.to_bf16(x), factor, bias))
-    return np.clip(q, qmin, qmax)
-
-
-def npu_dequantize_bf16(q, s, z):
-    """The NSS's Dequantize fallback: fma (q - zp), act i2f (exact), mul (bf16_affine), act f2f."""
-    factor, bias = numerics.bf16_fallback_constants(s, z, False)
-    return numerics.bf16_affine((np.asarray(q).astype(np.int64) - int(z)).astype(np.float32), factor, bias)
 
 
 def depthwise_ref(x, w, pads, pv, s, d):

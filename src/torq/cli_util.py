@@ -7,8 +7,12 @@ May import: torq.errors.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import re
+import signal
 import sys
+import threading
 import warnings
 from typing import Callable
 
@@ -32,11 +36,35 @@ def quiet_native_logs() -> None:
     ort.set_default_logger_severity(4)
 
 
+TERMINATED = 143
+
+
+class Terminated(BaseException):
+    """SIGTERM, raised where the program is, so every ``with`` block cleans up (temp folders)."""
+
+
+def _on_sigterm(signum, frame):
+    raise Terminated
+
+
 def run_main(prog: str, fn: Callable[[], int | None]) -> int:
     """Run a CLI body; TorqError -> 'prog: error: msg' on stderr, exit 2.
 
     Set TORQ_DEBUG=1 to see tracebacks of unexpected failures."""
     quiet_native_logs()
+    main = threading.current_thread() is threading.main_thread()
+    before = signal.signal(signal.SIGTERM, _on_sigterm) if main else None
+    try:
+        code = _run(prog, fn)
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, before)
+    if code == TERMINATED and main:          # cleaned up: now end as SIGTERM asked
+        os.kill(os.getpid(), signal.SIGTERM)
+    return code
+
+
+def _run(prog: str, fn) -> int:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", RuntimeWarning)    # numpy: overflow, invalid value, ...
@@ -56,6 +84,9 @@ def run_main(prog: str, fn: Callable[[], int | None]) -> int:
     except KeyboardInterrupt:
         _say(f"{prog}: interrupted")
         return 130
+    except Terminated:
+        _say(f"{prog}: terminated")
+        return TERMINATED
     except Exception as e:  # a bug: still one line unless debugging
         if os.environ.get("TORQ_DEBUG"):
             raise
@@ -79,3 +110,52 @@ def _stdout_to_devnull() -> None:
         os.close(devnull)
     except (OSError, ValueError):
         pass
+
+
+_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[()][A-Za-z0-9]|\r")
+
+
+class _Tee:
+    """A text stream that also appends what it is given (without terminal control codes) to a
+    log. It is no terminal (``isatty`` False): progress then prints plain timestamped lines,
+    which read well in the log and on the screen alike, instead of redrawing a bar."""
+
+    def __init__(self, stream, log):
+        self.terminal, self._log = stream, log
+
+    def isatty(self) -> bool:
+        return False
+
+    def write(self, text: str) -> int:
+        self._log.write(_ANSI.sub("", text))
+        return self.terminal.write(text)
+
+    def flush(self) -> None:
+        self._log.flush()
+        self.terminal.flush()
+
+    def __getattr__(self, name):        # isatty, fileno, encoding, ... of the terminal
+        return getattr(self.terminal, name)
+
+
+@contextlib.contextmanager
+def log_to(path: str | None, prog: str = "", flag: str = "--log-file"):
+    """With a path: everything printed on stdout and stderr is also written to that file (and
+    the one-line error, if the command fails with one)."""
+    if not path:
+        yield
+        return
+    try:
+        log = open(path, "w", encoding="utf-8")
+    except OSError as e:
+        raise TorqError(f"{flag} {path}: cannot write: {e.strerror}") from None
+    out, err = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = _Tee(out, log), _Tee(err, log)
+    try:
+        yield
+    except TorqError as e:
+        log.write(f"{prog}: error: {one_line(e, limit=None)}\n")
+        raise
+    finally:
+        sys.stdout, sys.stderr = out, err
+        log.close()

@@ -10,6 +10,7 @@ from pathlib import Path
 from .cli_util import OneLineParser, run_main
 from .compiler import STAGES
 from .errors import TorqError
+from .fileio import refuse_overwrite
 
 EMIT_STAGES = (*STAGES, "program")
 
@@ -66,6 +67,8 @@ def _compile(args) -> int:
     if args.emit == "program" and not args.output:
         raise TorqError("--emit program writes a binary file: give it with -o/--output (e.g. -o model.torq)")
     model_path = Path(args.model)
+    if args.output:
+        refuse_overwrite(args.output, "-o/--output", {"model": model_path})
     model = model_path
     if args.input_shape:
         from .graph.input_shape import parse_input_shape, set_input_shapes
@@ -79,13 +82,8 @@ def _compile(args) -> int:
     if not args.verify_against_ort:   # (verification refuses them with the first one named)
         for u in compiled.report.unsupported:
             print(f"torq-compile: warning: {u}", file=sys.stderr)
-    if args.emit == "program":
-        compiled.program.save(args.output)
-        print(f"wrote the program ({len(compiled.program.steps)} ops) to {args.output}", file=sys.stderr)
-    elif args.output:
-        from .fileio import atomic_write_text
-        atomic_write_text(args.output, compiled.ir(args.emit))
-        print(f"wrote {args.emit} IR to {args.output}", file=sys.stderr)
+    if args.output:
+        _write(args, compiled)
     elif not args.verify_against_ort:
         sys.stdout.write(compiled.ir(args.emit))
     if args.debug_ir:
@@ -97,6 +95,19 @@ def _compile(args) -> int:
         print_report(result)
         return 0 if result.ok else 1
     return 0
+
+
+def _write(args, compiled) -> None:
+    from .fileio import atomic_write_text
+    try:
+        if args.emit == "program":
+            compiled.program.save(args.output)
+            print(f"wrote the program ({len(compiled.program.steps)} ops) to {args.output}", file=sys.stderr)
+        else:
+            atomic_write_text(args.output, compiled.ir(args.emit))
+            print(f"wrote {args.emit} IR to {args.output}", file=sys.stderr)
+    except OSError as e:
+        raise TorqError(f"-o/--output {args.output}: cannot write: {e.strerror or type(e).__name__}") from None
 
 
 if __name__ == "__main__":

@@ -25,3 +25,8 @@ def one_line(e: BaseException | str, limit: int | None = 300) -> str:
 def quote(name: object) -> str:
     """A user-supplied name (node, tensor, file) as it goes into a message: repr-style, one line."""
     return repr(str(name))
+
+
+class HostProblem(TorqError):
+    """The machine, not the model: a full disk, a folder we may not write, a worker that was
+    killed. Never recorded or cached as a verdict about a layer."""

@@ -12,25 +12,22 @@ anywhere numpy does.
 manifest (``__manifest__``) holding the rest; ``Program.load(path)`` reads it back. The manifest
 carries ``FORMAT_VERSION``; another version, or a file that is not a program, is a one-line
 TorqError naming the file.
-May import: torq.isa, torq.numerics, torq.errors, torq.fileio (never the compiler, MLIR or ONNX Runtime).
+May import: torq.isa, torq.numerics, torq.program_file, torq.errors, torq.fileio (never the compiler, MLIR or ONNX Runtime).
 """
 from __future__ import annotations
 
-import io
-import json
 import os
-import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from . import numerics
+from . import numerics, program_file
 from .errors import TorqError
 from .isa import ELEMENT_TYPES
 
-FORMAT = "torq-program"
-FORMAT_VERSION = 1
+FORMAT_VERSION = program_file.FORMAT_VERSION
+
 
 def np_dtype(elem: str):
     """numpy dtype of an MLIR element type name ("i8", "bf16", ...)."""
@@ -77,6 +74,8 @@ class Program:
     steps: list[Step]
     constants: dict[int, np.ndarray] = field(default_factory=dict)
     n_slots: int = 0
+    source: str | None = field(default=None, compare=False)   # the file it was loaded from
+    cache_key: str | None = field(default=None, compare=False)  # the cache key it was saved under
 
     # -- graph I/O
     def feed(self, inputs: dict) -> list[np.ndarray]:
@@ -106,8 +105,9 @@ class Program:
         return {p.name: numerics.int8_to_uint8(o) if p.uint8 else o for p, o in zip(self.outputs, outs)}
 
     # -- serialisation
-    def save(self, path: str | os.PathLike) -> Path:
-        """Write the program as one .npz file (temp file + rename: never half-written)."""
+    def save(self, path: str | os.PathLike, cache_key: str | None = None) -> Path:
+        """Write the program as one .npz file (temp file + rename: never half-written).
+        ``cache_key``: what a cache files it under (checked on load, so a moved file is refused)."""
         arrays: dict[str, np.ndarray] = {}
 
         def put(v):
@@ -124,38 +124,29 @@ class Program:
             return v
 
         manifest = {
-            "format": FORMAT, "version": FORMAT_VERSION, "n_slots": self.n_slots,
+            "cache_key": cache_key, "n_slots": self.n_slots,
             "inputs": [_port_json(p) for p in self.inputs], "outputs": [_port_json(p) for p in self.outputs],
             "constants": {str(k): put(np.asarray(v)) for k, v in self.constants.items()},
             "steps": [{"op": s.op, "args": list(s.args), "out": s.out, "shape": list(s.shape), "dtype": s.dtype,
                        "location": s.location, "onnx_op": s.onnx_op,
                        "attrs": {k: put(v) for k, v in s.attrs.items()}} for s in self.steps]}
-        buf = io.BytesIO()
-        np.savez(buf, __manifest__=np.frombuffer(json.dumps(manifest).encode(), dtype=np.uint8), **arrays)
         from .fileio import atomic_write_bytes
-        return atomic_write_bytes(path, buf.getvalue())
+        return atomic_write_bytes(path, program_file.to_bytes(manifest, arrays))
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "Program":
-        """Read a program written by ``save``; a wrong version or a damaged file is a TorqError."""
+        """Read a program written by ``save``, checked whole (``program_file``): a wrong version,
+        a damaged or tampered file is a one-line TorqError naming it."""
         path = Path(path)
+        manifest, arrays = program_file.read(path)
         try:
-            with np.load(path, allow_pickle=False) as z:
-                manifest = json.loads(bytes(z["__manifest__"]).decode())
-                arrays = {k: z[k] for k in z.files if k != "__manifest__"}
-        except FileNotFoundError:
-            raise TorqError(f"{path}: no such file") from None
-        except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError, UnicodeDecodeError) as e:
-            raise TorqError(f"{path}: not a torq program ({type(e).__name__})") from None
-        if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-            raise TorqError(f"{path}: not a torq program (no {FORMAT} manifest)")
-        if manifest.get("version") != FORMAT_VERSION:
-            raise TorqError(f"{path}: program format version {manifest.get('version')!r}, this torq reads "
-                            f"version {FORMAT_VERSION}; recompile the model")
-        try:
-            return _from_manifest(manifest, arrays)
-        except (KeyError, TypeError, ValueError) as e:
-            raise TorqError(f"{path}: damaged torq program manifest ({type(e).__name__}: {e})") from None
+            program = _from_manifest(manifest, arrays)
+            check_dataflow(program)
+        except program_file.Damaged as e:
+            raise TorqError(f"{path}: damaged torq program ({e}); recompile the model") from None
+        program.source = str(path)
+        program.cache_key = manifest.get("cache_key")
+        return program
 
 
 def _port_json(p: Port) -> dict:
@@ -164,19 +155,77 @@ def _port_json(p: Port) -> dict:
 
 
 def _from_manifest(m: dict, arrays: dict) -> Program:
-    def get(v):
-        if isinstance(v, dict) and "__array__" in v:
-            return arrays[v["__array__"]]
-        if isinstance(v, list):
-            return [get(x) for x in v]
-        return v
+    F = program_file
+    if not all(isinstance(m.get(k), t) for k, t in (("inputs", list), ("outputs", list), ("steps", list),
+                                                  ("constants", dict))):
+        raise F.Damaged("the manifest lacks inputs, outputs, steps or constants")
+    values = len(m["inputs"]) + len(m["constants"]) + len(m["steps"])
+    n_slots = F.integer(m.get("n_slots"), "n_slots", 0, 4 * values + 64)   # (a list of that length is made)
 
-    def port(d):
-        return Port(str(d["name"]), int(d["slot"]), str(d["dtype"]), tuple(d["shape"]), bool(d["uint8"]),
-                    d["scale"], d["zero_point"])
+    def slot(v, what):
+        return F.integer(v, what, 0, max(0, n_slots - 1))
 
-    steps = [Step(str(s["op"]), [int(a) for a in s["args"]], int(s["out"]),
-                  {k: get(v) for k, v in s["attrs"].items()}, tuple(s["shape"]), str(s["dtype"]),
-                  str(s["location"]), s["onnx_op"]) for s in m["steps"]]
-    return Program([port(p) for p in m["inputs"]], [port(p) for p in m["outputs"]], steps,
-                   {int(k): get(v) for k, v in m["constants"].items()}, int(m["n_slots"]))
+    def port(d, what):
+        if not isinstance(d, dict):
+            raise F.Damaged(f"{what} is not an object")
+        scale, zp = d.get("scale"), d.get("zero_point")
+        if scale is not None and (not isinstance(scale, (int, float)) or isinstance(scale, bool)
+                                  or not np.isfinite(scale)):
+            raise F.Damaged(f"{what}.scale is {scale!r}")
+        if zp is not None:
+            F.integer(zp, f"{what}.zero_point", -2**31, 2**31 - 1)
+        dtype = F.text(d.get("dtype"), f"{what}.dtype")
+        _known(dtype, what)
+        return Port(F.text(d.get("name"), f"{what}.name"), slot(d.get("slot"), f"{what}.slot"), dtype,
+                    F.shape(d.get("shape"), f"{what}.shape"), d.get("uint8") is True, scale, zp)
+
+    steps = []
+    for i, s in enumerate(m["steps"]):
+        what = f"step {i}"
+        if not isinstance(s, dict) or not isinstance(s.get("attrs"), dict) or not isinstance(s.get("args"), list):
+            raise F.Damaged(f"{what} is not an object with args and attrs")
+        dtype = F.text(s.get("dtype"), f"{what}.dtype")
+        _known(dtype, what)
+        steps.append(Step(F.text(s.get("op"), f"{what}.op"), [slot(a, f"{what}.args") for a in s["args"]],
+                          slot(s.get("out"), f"{what}.out"),
+                          {str(k): F.value(v, arrays, f"{what}.attrs[{k!r}]") for k, v in s["attrs"].items()},
+                          F.shape(s.get("shape"), f"{what}.shape"), dtype,
+                          F.text(s.get("location"), f"{what}.location"),
+                          F.text(s.get("onnx_op"), f"{what}.onnx_op", optional=True)))
+    constants = {}
+    for k, v in m["constants"].items():
+        c = F.value(v, arrays, f"constant {k}")
+        if not isinstance(c, np.ndarray) or not k.isdecimal():
+            raise F.Damaged(f"constant {k!r} is not an array in a slot")
+        constants[slot(int(k), f"constant {k}")] = c
+    return Program([port(p, f"input {i}") for i, p in enumerate(m["inputs"])],
+                   [port(p, f"output {i}") for i, p in enumerate(m["outputs"])], steps, constants, n_slots)
+
+
+def _known(dtype: str, what: str) -> None:
+    if dtype not in ELEMENT_TYPES:
+        raise program_file.Damaged(f"{what} has the unknown element type {dtype!r}")
+
+
+def check_dataflow(p: Program) -> None:
+    """Every slot written once before it is read; every output port typed as what it points at."""
+    F = program_file
+    types: dict[int, tuple] = {}
+    for port in p.inputs:
+        types[port.slot] = (np_dtype(port.dtype), tuple(port.shape))
+    for k, c in p.constants.items():
+        if k in types:
+            raise F.Damaged(f"slot {k} is written twice")
+        types[k] = (c.dtype, tuple(c.shape))
+    for i, st in enumerate(p.steps):
+        missing = [a for a in st.args if a not in types]
+        if missing:
+            raise F.Damaged(f"step {i} ({st.op} at {st.location}) reads slot {missing[0]} before it is written")
+        if st.out in types:
+            raise F.Damaged(f"step {i} ({st.op} at {st.location}) writes slot {st.out} a second time")
+        types[st.out] = (np_dtype(st.dtype), tuple(st.shape))
+    for port in p.outputs:
+        have = types.get(port.slot)
+        if have is None or have != (np_dtype(port.dtype), tuple(port.shape)):
+            raise F.Damaged(f"output {port.name!r} is declared {port.dtype} {list(port.shape)} but slot "
+                            f"{port.slot} holds {'nothing' if have is None else f'{have[0]} {list(have[1])}'}")

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import reference
+from . import numerics, reference
 from .graph.inputs import random_inputs
 from .runtime.nss import Simulator
 
@@ -42,7 +42,7 @@ def output_diff(name: str, mode: str, ours: np.ndarray, ref: np.ndarray) -> Outp
 
 
 def sum_causes(op_diffs) -> dict:
-    total = {"tie": 0, "near-tie": 0, "other": 0}
+    total = {"tie": 0, "near-tie": 0, "float": 0, "overflow": 0, "other": 0}
     for od in op_diffs:
         for k, v in od.causes.items():
             total[k] = total.get(k, 0) + v
@@ -56,42 +56,80 @@ class VerifyResult:
     lowered: dict = field(default_factory=dict)
     modes: tuple = ()
     ort_kernels: dict = field(default_factory=dict)   # what ORT ran (its optimized graph)
+    float_steps: int = 0                               # int16 ops ORT runs in float (numerics.int16)
 
     @property
     def ok(self) -> bool:
         """ort outputs bit-exact, and every rescaling op of every run executed its mode's formula
-        exactly and differs from ORT's rounding by at most 1 LSB, for an explained reason."""
-        ort_exact = all(o.exact for o in self.outputs if o.mode == "ort")
+        exactly and differs from ORT's rounding by at most 1 LSB, for an explained reason.
+
+        With int16 activations (``float_steps``) ORT accumulates in float32, which no integer
+        machine reproduces bit for bit: the whole-model ort outputs are then reported, not
+        required equal, and each op is held to the bounded contract of ``numerics.int16``."""
+        ort_exact = self.float_steps > 0 or all(o.exact for o in self.outputs if o.mode == "ort")
         return ort_exact and all(od.explained for od in self.op_diffs)
 
 
 def verify(compiled, seed: int = 0, modes=("native", "ort"), inputs=None) -> VerifyResult:
     """Run NSS (each rounding mode) and ORT on the same random inputs and compare, whole model
-    and op by op (the per-op checks judge the outputs the simulator executed)."""
+    and op by op (the per-op checks judge the outputs the simulator executed; an int16 op writing
+    a graph output is judged against ORT's own output there)."""
     inputs = inputs if inputs is not None else random_inputs(compiled.model, seed)
     ref = reference.run(compiled.model, inputs)
-    res = VerifyResult(lowered=dict(compiled.report.lowered), modes=tuple(modes),
-                       ort_kernels=reference.kernels(compiled.model))
     program = compiled.program
+    wide = float_steps(program)
+    res = VerifyResult(lowered=dict(compiled.report.lowered), modes=tuple(modes),
+                       ort_kernels=reference.kernels(compiled.model), float_steps=len(wide))
     sim = getattr(compiled, "simulator", None) or Simulator(program)
     feed = program.feed(inputs)
+    # int16 ops writing a graph output: judged against ORT's own output by the bounded contract
+    # (int8 ops keep the exact ort-mode formula: ORT may have run some of them unfused, in float)
+    wide_out = {st.out for st in wide}
+    ort_at = {p.slot: numerics.uint8_to_int8(ref[p.name]) if p.uint8 else ref[p.name]
+              for p in program.outputs if p.name in ref and p.slot in wide_out}
     for mode in modes:
-        outs, diffs = sim.run(feed, mode, explain=True)
+        outs, diffs = sim.run(feed, mode, explain=True, ort_at=ort_at)
         res.op_diffs += diffs
         for name, o in program.fetch(outs).items():
             res.outputs.append(output_diff(name, mode, o, ref[name]))
     return res
 
 
+# ops ORT runs in float when their activations are int16 -> which operands are activations
+_ACTIVATIONS = {"torq_hl.conv2d": slice(-1, None), "torq_hl.depthwise_conv2d": slice(-1, None),
+                "torq_hl.fully_connected": slice(-1, None), "torq_hl.avg_pool2d": slice(0, 1),
+                "torq_hl.add": slice(0, None)}
+
+
+def float_steps(program) -> list:
+    """The program's rescaling steps that ORT runs in float32: int16 activations in or out
+    (ORT has no 16-bit integer kernels; ``numerics.int16``)."""
+    from .numerics import int16_involved
+    dtypes = {p.slot: p.dtype for p in program.inputs}
+    dtypes.update({s: str(np.asarray(v).dtype) for s, v in program.constants.items()})
+    found = []
+    for st in program.steps:
+        ins = [dtypes.get(a, "") for a in st.args][_ACTIVATIONS.get(st.op, slice(0))]
+        if st.op in _ACTIVATIONS and int16_involved(st.dtype, *ins):   # (not i16 weights w - w_zp)
+            found.append(st)
+        dtypes[st.out] = st.dtype
+    return found
+
+
 def print_report(res: VerifyResult, console=None) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
     console = console or Console()
     console.print("lowered to torq_hl: " + ", ".join(f"{k}×{v}" for k, v in sorted(res.lowered.items())))
     ran = {k: v for k, v in res.ort_kernels.items() if k not in ("Transpose", "Reshape", "Flatten")}
     console.print("ONNX Runtime ran: " + ", ".join(f"{k}×{v}" for k, v in sorted(ran.items())))
     unfused = [k for k in reference.FLOAT_COMPUTE if k in res.ort_kernels]
-    if unfused:
+    if res.float_steps:
+        console.print(f"[yellow]note[/]: {res.float_steps} ops have int16 activations, which ORT runs in float32: "
+                      "its outputs there are a float rounding of the exact value, matched within the bound of "
+                      "docs/a16w8.md op by op (causes 'float'), not bit for bit")
+    elif unfused:
         console.print(f"[yellow]note[/]: ORT ran {', '.join(unfused)} in float (not fused into its integer "
                       "kernels): its output is not integer-exact, ±1 LSB near ties is expected there")
     t = Table(title="NSS simulator vs ONNX Runtime (whole model, random inputs)")
@@ -99,7 +137,7 @@ def print_report(res: VerifyResult, console=None) -> None:
         t.add_column(col)
     for o in res.outputs:
         verdict = "bit-exact" if o.exact else ("±1 LSB" if o.unit == "LSB" and o.max_lsb <= 1 else "differs")
-        t.add_row(o.name, o.mode, f"{o.max_lsb:g} {o.unit}", f"{o.differ}/{o.size}", verdict)
+        t.add_row(escape(o.name), o.mode, f"{o.max_lsb:g} {o.unit}", f"{o.differ}/{o.size}", verdict)
     console.print(t)
     for mode in res.modes:
         _print_op_checks(console, mode, [od for od in res.op_diffs if od.mode == mode])
@@ -116,7 +154,9 @@ def _print_op_checks(console, mode: str, ods: list) -> None:
     console.print(f"{mode} run, op by op: {len(ods)} rescaling ops checked, {wrong} executed something other "
                   f"than their formula; native vs ort rounding on this run's inputs: "
                   f"{sum(1 for od in ods if od.differ)} ops differ; causes: tie (NTP vs RNE) {causes['tie']}, "
-                  f"near-tie (multiplier quantisation) {causes['near-tie']}, other {causes['other']}")
+                  f"near-tie (multiplier quantisation) {causes['near-tie']}, "
+                  + (f"int16 float bound {causes['float']}, int32 overflow {causes['overflow']}, "
+                     if causes["float"] or causes["overflow"] else "") + f"other {causes['other']}")
     for od in differing:
         extra = f", [red]{od.mismatches} outputs differ from the {mode} formula[/]" if od.mismatches else ""
         console.print(f"  {od.op} at {od.location}: {od.differ}/{od.size} differ, max {od.max_lsb} LSB"

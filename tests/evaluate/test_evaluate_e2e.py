@@ -3,6 +3,7 @@ numbers computed here independently (ORT run directly), plus the one-line errors
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import onnxruntime as ort
@@ -59,7 +60,8 @@ def test_batch_invariance(probe_model):
 
 
 def _one_line_error(code, err, *needles):
-    assert code == 2 and err.count("\n") == 1 and err.startswith("torq-gen-config: error: ")
+    err = "".join(ln for ln in err.splitlines(True) if not re.match(r"\[\d\d:\d\d:\d\d\] ", ln))  # progress
+    assert code == 2 and err.count("\n") == 1 and err.startswith("torq-gen-config: error: "), err
     for n in needles:
         assert n in err, err
 
@@ -84,7 +86,7 @@ def test_bad_specs_are_one_line_errors(probe_model, tmp_path, capsys):
     _one_line_error(code, err, "needs real calibration images")
     code, _, err = _run(capsys, "--model", str(probe_model), "--dataset", str(TEST),
                         "--calibration-data", str(TEST))
-    _one_line_error(code, err, "calibration data is the evaluation dataset")
+    _one_line_error(code, err, "calibration data shares")
     assert not (tmp_path / "torq_out").exists()
 
 
@@ -118,3 +120,24 @@ def test_ort_rounding_agrees_with_ort_everywhere(probe_model, tmp_path, capsys, 
         main(["evaluate", "--model", str(probe_model), "--dataset", str(TEST), "--rounding", "exact"])
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and "--rounding" in err and err.count("\n") == 1
+
+
+def test_a_fixed_batch_of_one_runs_one_image_per_call(probe_model, tmp_path, capsys):
+    """A model exported with batch 1 (torch's default) is evaluated at the default --batch, one
+    image per call, with the same per-image FP32 answers as ORT on that model directly."""
+    import onnx
+    fixed = tmp_path / "fixed.onnx"
+    onnx.save(with_batch(onnx.load(str(probe_model)), 1), str(fixed))
+    out_dir = tmp_path / "out"
+    code, out, err = _run(capsys, "--model", str(fixed), "--dataset", str(TEST), "--limit", "6",
+                          "--calibration-data", str(TRAIN), "--num-calib", "8", "--preprocess", "norm=unit",
+                          "--sqnr-images", "0", "-o", str(out_dir))
+    assert code == 0, err
+    assert "fixed batch of 1: one image per call" in err
+    rep = json.loads((out_dir / "evaluation.json").read_text())
+    test = load_dataset(TEST)
+    sess = ort.InferenceSession(str(fixed), providers=["CPUExecutionProvider"])
+    want = [int(np.argmax(sess.run(None, {"input": test.load(i)[None, None].astype(np.float32) / 255})[0]))
+            for i in range(6)]
+    assert rep["per_image"]["fp32"] == want
+    assert rep["agreement_nss_vs_ort"] == 1.0

@@ -38,9 +38,10 @@ def test_view_table_and_layer(done, capsys):
     model, d = done
     assert cli("view", "--model", model, "--output-dir", d) == 0
     out = capsys.readouterr().out
-    assert "Conv_conv1" in out and "recommended" in out
+    assert "Conv_conv1" in out and "recommended" in out and "STATUS COUNTS:" in out
     assert cli("view", "--model", model, "--output-dir", d, "--layer", "dwconv") == 0
-    assert "Conv_dwconv: recommended nss" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "LAYER: Conv_dwconv" in out and "Recommended Executor: nss" in out
     _one_line_error(capsys, cli("view", "--model", model, "--output-dir", d, "--layer", "nope"), "no layer matches")
 
 
@@ -54,7 +55,8 @@ def test_edit_executor_glob_and_tolerance(done, tmp_path, capsys):
     assert cli("edit", "--model", model, "--output-dir", tmp_path, "--layer", "gemm", "--executor", "null") == 0
     r = json.loads((tmp_path / "torq_gen_config_example.json").read_text())
     assert r["ops"]["Gemm_logits"]["recommended_executor"] is None
-    assert "No executor (1): Gemm_logits" in r["final_report_text"]
+    lines = r["final_report_text"].splitlines()
+    assert "  none: 1" in lines and [ln for ln in lines if "Gemm_logits" in ln][0].endswith(" -")
     assert cli("edit", "--model", model, "--output-dir", tmp_path, "--layer", "ALL", "--tolerance-max", "0.05") == 0
     r = json.loads((tmp_path / "torq_gen_config_example.json").read_text())
     assert all(op["tolerance_used"]["fp_max_tol"] == 0.05 for op in r["ops"].values())
@@ -241,3 +243,22 @@ def test_quantization_flags_reach_layers_and_fingerprint(tmp_path):
     assert cli("run", *args) == 0
     np.savez(tmp_path / "calib.npz", x=np.zeros((4, 1, 4, 8, 8), np.float32))   # other calibration data
     assert cli("run", *args) == 2
+
+
+def test_discover_carries_each_layers_precision_and_view_shows_it(tmp_path, capsys):
+    """--precision NODE=int16: the layer is quantized and tested with int16 activations (the NSS
+    int16 path against ORT), its report entry says so, view shows a precision column."""
+    model = build_example_cnn(tmp_path / "example.onnx") and tmp_path / "example.onnx"
+    assert cli("discover", "--model", model, "--output-dir", tmp_path, *QFLAGS, "--per-channel",
+               "--precision", "conv2=int16,add1=int16", "--skip-executors", "css,host") == 0
+    r = json.loads((tmp_path / "torq_gen_config_example.json").read_text())
+    prec = {lid: op["precision"] for lid, op in r["ops"].items()}
+    assert prec["Conv_conv2"] == prec["Add_add1"] == "int16" and prec["Conv_conv1"] == "int8"
+    assert r["ops"]["Conv_conv2"]["executors"]["nss"]["status"] == "success"
+    assert ["conv2", "int16"] in r["quantization"]["precision"]
+    capsys.readouterr()
+    assert cli("view", "--model", model, "--output-dir", tmp_path) == 0
+    out = capsys.readouterr().out
+    assert "precision" in out and "int16" in out
+    assert cli("view", "--model", model, "--output-dir", tmp_path, "--layer", "Conv_conv2") == 0
+    assert "precision int16" in capsys.readouterr().out

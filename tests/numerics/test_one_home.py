@@ -17,7 +17,7 @@ F32 = np.float32
 
 
 def _public_functions():
-    for mod in (nx.native, nx.ort, nx.bf16, nx.explain, nx.loops):
+    for mod in (nx.native, nx.ort, nx.bf16, nx.explain, nx.int16, nx.loops):
         tree = ast.parse(Path(mod.__file__).read_text())
         for node in tree.body:
             if isinstance(node, ast.FunctionDef) and not node.name.startswith("_"):

@@ -109,7 +109,7 @@ def test_bad_models_give_one_line_errors(tmp_path, kind, expect):
 
 @pytest.mark.parametrize("args, expect", [
     (["--quant-format", "int4"], "supported values are qdq, qoperator, hybrid"),
-    (["--quant-dtype", "A16W16"], "supported values are A8W8"),
+    (["--quant-dtype", "A16W16"], "supported values are A8W8, A16W8"),
     (["--calibrate-method", "mse"], "supported values are minmax, entropy, percentile"),
     (["--num-calib", "zero"], "argument --num-calib: invalid int value"),
     (["--calibration-data", "nope.npz"], "calibration data not found"),
@@ -125,4 +125,25 @@ def test_bad_flags_give_one_line_errors(tmp_path, args, expect):
 def test_refuses_to_overwrite_input(tmp_path):
     build_example_cnn(tmp_path / "net.onnx")
     r = cli("quantize", "--model", tmp_path / "net.onnx", "-o", tmp_path / "net.onnx")
-    assert r.returncode == 2 and "overwrite the input" in r.stderr
+    assert r.returncode == 2 and "refusing to overwrite it" in r.stderr
+
+
+def test_quantize_precision_auto_writes_its_choice(tmp_path):
+    """--precision auto: the choice per layer next to the model, the summary line, a model whose
+    int16 layers are the ones the report names; without calibration data a one-line error."""
+    import json
+    build_example_cnn(tmp_path / "net.onnx")
+    np.savez(tmp_path / "c.npz", input=np.random.default_rng(0).uniform(-1, 1, (9, 3, 32, 32)))
+    r = cli("quantize", "-m", tmp_path / "net.onnx", "--precision", "auto", "--accuracy-budget", "0",
+            "--calibration-data", tmp_path / "c.npz", "--num-calib", "9", "--per-channel", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "--precision auto:" in r.stdout and "held-apart samples" in r.stdout
+    report = json.loads((tmp_path / "net.int8.precision.json").read_text())
+    assert report["holdout_images"] == 3 and len(report["layers"]) == 7
+    q = onnx.load(tmp_path / "net.int8.onnx")
+    wide = {t.name for t in q.graph.initializer if t.data_type == onnx.TensorProto.INT16}
+    assert bool(wide) == bool(report["int16_layers"])
+    r = cli("quantize", "-m", tmp_path / "net.onnx", "--precision", "auto", cwd=tmp_path)
+    assert r.returncode != 0 and "needs real calibration data" in r.stderr and "Traceback" not in r.stderr
+    r = cli("quantize", "-m", tmp_path / "net.onnx", "--precision", "conv9=int16", cwd=tmp_path)
+    assert r.returncode != 0 and "no node 'conv9'" in r.stderr

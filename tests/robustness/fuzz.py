@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import resource
 import signal
 import sys
@@ -259,13 +260,16 @@ def _child(main, argv, tmp: Path, out: Path, err: Path) -> None:
         os._exit(code if isinstance(code, int) else 1)
 
 
+_PROGRESS = re.compile(r"^\[\d\d:\d\d:\d\d\] ")     # torq.progress's plain lines in logs and pipes
+
+
 def judge(outcome: Outcome, prog: str) -> list[str]:
     """Everything wrong with one run ([] = success or a clean one-line error)."""
     problems = []
     if outcome.signal is not None:
         problems.append(f"killed by {signal.Signals(outcome.signal).name}"
                         + (" (timeout)" if outcome.signal == signal.SIGALRM else ""))
-    lines = outcome.stderr.splitlines()
+    lines = [ln for ln in outcome.stderr.splitlines() if not _PROGRESS.match(ln)]   # (progress is not an error)
     if "Traceback" in outcome.stderr:
         problems.append("traceback")
     if "internal error" in outcome.stderr:

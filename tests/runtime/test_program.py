@@ -138,7 +138,8 @@ def test_wrong_version_is_a_one_line_error(compiled, tmp_path):
     manifest["version"] = FORMAT_VERSION + 1
     arrays["__manifest__"] = np.frombuffer(json.dumps(manifest).encode(), np.uint8)
     np.savez(tmp_path / "new.torq.npz", **arrays)
-    with pytest.raises(TorqError, match=r"new\.torq\.npz: program format version 2, this torq reads version 1"):
+    with pytest.raises(TorqError, match=rf"new\.torq\.npz: program format version {FORMAT_VERSION + 1}, this torq "
+                                        rf"reads version {FORMAT_VERSION}"):
         Program.load(tmp_path / "new.torq.npz")
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 
 import numpy as np
+import onnx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -15,13 +16,26 @@ import torq
 from torq import numerics, zoo
 from torq.evaluate.engines import MAX_SUB_BATCH, NssEngine, OrtEngine, split_batch, with_batch
 from torq.runtime.kernels import blas
+from torq.runtime.nss import Simulator
 
 
 @pytest.fixture(scope="module")
-def qmodel():
-    """MobileNetV2 at 32 px (random weights): conv, depthwise (both loops), add, pool, fc."""
+def fixed1():
+    """MobileNetV2 at 32 px (random weights): conv, depthwise (both loops), add, pool, fc; batch 1."""
     m = with_batch(zoo.mobilenet_v2(32), 1)
     return torq.quantize(m, full_integer=True, per_channel=True, quant_format="qdq", num_calib=4)
+
+
+@pytest.fixture(scope="module")
+def qmodel(fixed1):
+    """The same with a symbolic batch (the engines compile it for the sub-batch they choose)."""
+    m = onnx.ModelProto()
+    m.CopyFrom(fixed1)
+    inits = {t.name for t in m.graph.initializer}
+    for v in [i for i in m.graph.input if i.name not in inits] + list(m.graph.output):
+        v.type.tensor_type.shape.dim[0].Clear()
+        v.type.tensor_type.shape.dim[0].dim_param = "N"
+    return m
 
 
 @pytest.fixture(scope="module")
@@ -57,11 +71,22 @@ def test_engine_split_is_batch_invariant_and_ort_exact(qmodel):
     assert NssEngine(qmodel, 3, threads=8).threads == 3      # never more threads than images
 
 
+def test_a_fixed_batch_model_is_compiled_for_its_own_batch(fixed1):
+    """Re-batching a fixed-batch model could silently change a batch-specific Reshape: the
+    engines run it in its own batch (audit 3, B9: the default --batch 8 on a batch-1 model)."""
+    x = _images(5, seed=4)
+    engine = NssEngine(fixed1, 4, threads=2)
+    assert engine.sub == 1 and engine.threads == 2
+    assert np.array_equal(engine(x), NssEngine(fixed1, 1, threads=1)(x))
+    assert OrtEngine(fixed1)(x).shape[0] == 5
+
+
 def test_run_many_threads_really_run_the_calls(compiled2, monkeypatch):
     """The calls run in the pool's threads, and a fault injected into a compiled rescale loop in
     those threads only is seen: outputs differ from the clean sequential runs, and the per-op
-    check of such a run reports the op that executed something other than its formula."""
-    sim = compiled2.simulator
+    check of such a run reports the op that executed something other than its formula (the
+    reference engine: the fault goes into its compiled rescale loop)."""
+    sim = Simulator(compiled2.program, "reference")
     calls = [[x] for x in _images(8, seed=3).reshape(4, 2, 3, 32, 32)]
     clean = [sim.run(c)[0] for c in calls]
     orig, seen = numerics.native.act_loop, set()

@@ -7,6 +7,8 @@ import pytest
 
 import torq
 from torq import numerics
+from torq.runtime.native import ops as native_ops
+from torq.runtime.nss import Simulator
 from torq.verify import verify
 
 
@@ -40,6 +42,7 @@ def test_clean_run_passes(compiled):
 @pytest.mark.parametrize("kind", ["one element", "halve"])
 @pytest.mark.parametrize("loop,faulty_mode", [("native.act_loop", "native"), ("ort.requant_ort_loop", "ort")])
 def test_fault_in_a_fast_path_fails_verify(compiled, monkeypatch, kind, loop, faulty_mode):
+    monkeypatch.setattr(compiled, "_simulator", Simulator(compiled.program, "reference"))   # numpy fast paths
     module, name = loop.split(".")
     mod = getattr(numerics, module)
     calls: list = []
@@ -66,6 +69,7 @@ def test_native_difference_beyond_one_lsb_fails(compiled, monkeypatch):
     """A native rescale off by 2 LSB against ORT fails even though the check's reference agrees
     with it (a wrong multiplier in the program, say): the ±1 LSB rule is judged op by op."""
     from torq.runtime import ops
+    monkeypatch.setattr(compiled, "_simulator", Simulator(compiled.program, "reference"))
     orig = ops._rescale
 
     def off_by_two(acc, attrs, requant, scale_bias, rounding, rtype):
@@ -76,3 +80,22 @@ def test_native_difference_beyond_one_lsb_fails(compiled, monkeypatch):
     assert not res.ok
     od = next(od for od in res.op_diffs if od.op == "torq_hl.conv2d")
     assert od.mismatches == 0 and od.max_lsb == 2 and not od.explained
+
+
+@pytest.mark.skipif(native_ops.library() is None, reason="native engine unavailable")
+@pytest.mark.parametrize("mode", ["native", "ort"])
+def test_fault_in_a_native_kernel_fails_verify(compiled, monkeypatch, mode):
+    """The native engine's conv output is judged against the reference formula too."""
+    monkeypatch.setattr(compiled, "_simulator", Simulator(compiled.program, "native"))
+    orig = native_ops.ConvNative.__call__
+
+    def faulty(self, x, rounding):
+        out = orig(self, x, rounding)
+        if rounding == mode:
+            out[0, 0, 0, 0] = out[0, 0, 0, 0] + 1 if out[0, 0, 0, 0] < 127 else 0
+        return out
+    monkeypatch.setattr(native_ops.ConvNative, "__call__", faulty)
+    assert verify(compiled, modes=("native", "ort")).ok is False
+    res = verify(compiled, modes=(mode,))
+    bad = [od for od in res.op_diffs if not od.explained]
+    assert not res.ok and bad[0].op == "torq_hl.conv2d" and bad[0].mismatches == 1

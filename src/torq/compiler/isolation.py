@@ -8,7 +8,8 @@ is retried alone (in its own child, within a time budget) to name the one that c
     torq-compile: error: torch-mlir crashed (SIGSEGV) while lowering node 'conv1' (Conv): <diagnostic>
 
 TORQ_ISOLATE=0 runs in process (debugging); TORQ_COMPILE_MEM_MB sets the child's extra address
-space (default 4096 MiB); TORQ_DEBUG=1 prints the child's full diagnostics.
+space (default 4096 MiB); TORQ_COMPILE_CPU_S its CPU time (default 300 s: a lowering that loops
+is stopped and reported, never waited for); TORQ_DEBUG=1 prints the child's full diagnostics.
 """
 from __future__ import annotations
 
@@ -78,7 +79,11 @@ def _memory_cap(extra_mb: int | None = None) -> int:
     return current + extra
 
 
-def _fork_call(fn, model, extra_mb: int | None = None):
+def _cpu_budget_s() -> int:
+    return int(os.environ.get("TORQ_COMPILE_CPU_S", "300"))
+
+
+def _fork_call(fn, model, extra_mb: int | None = None, cpu_s: int | None = None):
     """(status, payload, diagnostics): status 'ok' | 'error' | 'bug' | 'signal' | 'exit' | 'memory'.
 
     The result comes back through a temp file in RAM (/dev/shm): ~100 MB of MLIR text for
@@ -90,7 +95,7 @@ def _fork_call(fn, model, extra_mb: int | None = None):
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:  # the child: never returns
-            _child(fn, model, result, diag.fileno(), cap)
+            _child(fn, model, result, diag.fileno(), cap, cpu_s or _cpu_budget_s())
         _, status = os.waitpid(pid, 0)
         diag.seek(0)
         text = diag.read().decode(errors="replace")
@@ -108,7 +113,7 @@ def _fork_call(fn, model, extra_mb: int | None = None):
     return "exit", os.WEXITSTATUS(status), text
 
 
-def _child(fn, model, result, diag_fd: int, cap: int) -> None:
+def _child(fn, model, result, diag_fd: int, cap: int, cpu_s: int) -> None:
     global IN_CHILD
     IN_CHILD = True
     code = 0
@@ -121,6 +126,9 @@ def _child(fn, model, result, diag_fd: int, cap: int) -> None:
         faulthandler.enable(file=os.fdopen(os.dup(diag_fd), "w"), all_threads=False)
         try:
             resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+            used = int(resource.getrusage(resource.RUSAGE_SELF).ru_utime + resource.getrusage(
+                resource.RUSAGE_SELF).ru_stime)     # (inherited: the limit counts from there)
+            resource.setrlimit(resource.RLIMIT_CPU, (used + cpu_s, used + cpu_s + 5))
         except (ValueError, OSError):
             pass
         try:
@@ -158,6 +166,9 @@ def _crash_message(payload, culprit: str | None, diag: str, cap_mb: int) -> str:
 
 
 def _what(payload) -> str:
+    if payload in (signal.SIGXCPU, signal.SIGKILL):
+        return (f"did not finish within {_cpu_budget_s()} s of CPU (a runaway lowering; "
+                "TORQ_COMPILE_CPU_S raises the budget)")
     if isinstance(payload, int) and payload > 0 and payload != 70:
         try:
             name = signal.Signals(payload).name
@@ -192,7 +203,8 @@ def _find_culprit(fn, model: onnx.ModelProto) -> str | None:
         single = _single_node_model(inferred, node, types, inits)
         if single is None:
             continue
-        status, _, _ = _fork_call(fn, single, max(4 * _budget_mb(), 4096))   # memory is not the cause
+        status, _, _ = _fork_call(fn, single, max(4 * _budget_mb(), 4096),   # memory is not the cause
+                                  cpu_s=max(1, int(deadline - time.monotonic()) + 1))
         if status in ("signal", "exit", "memory"):
             return f"{quote(node.name or (node.output[0] if node.output else f'#{i}'))} ({node.op_type})"
     return None

@@ -12,14 +12,14 @@ import numpy as np
 from .. import isa
 from . import linalg_view as L
 from . import recognise as R
-from .patterns import (conv, data_movement, elementwise, float_contract, float_elementwise, fully_connected, matmul,
-                       movement_chain, pooling, table)
+from .patterns import (conv, conv3d, data_movement, elementwise, float_contract, float_elementwise, fully_connected,
+                       matmul, movement_chain, pooling, requantize, table)
 from .patterns.common import Ctx, Fail, constant
 from .patterns.quant_fallback import DequantizeFallback, QuantizeFallback
 from .unsupported import NO_INTEGER_FORM, LoweringReport, Unsupported, collect  # noqa: F401 (re-exported)
 
-RULES = [*conv.RULES, *fully_connected.RULES, *matmul.RULES, *elementwise.RULES, *pooling.RULES,
-         *data_movement.RULES, *movement_chain.RULES, *table.RULES]
+RULES = [*conv.RULES, *conv3d.RULES, *fully_connected.RULES, *matmul.RULES, *elementwise.RULES, *pooling.RULES,
+         *data_movement.RULES, *movement_chain.RULES, *table.RULES, *requantize.RULES]
 # Rules rooted at an integer compute op rather than a quantize (ops ORT already runs on int8).
 OP_RULES = [*pooling.OP_RULES]
 
@@ -85,7 +85,8 @@ def _materialize_float_constants(ctx: Ctx, module) -> None:
     """A float generic computed from constants only that is still read becomes its value."""
     from torch_mlir import ir
     for op in func_ops(module):
-        if not float_elementwise.is_float_generic(op) or len(op.results) != 1:
+        if not float_elementwise.is_float_generic(op) or len(op.results) != 1 \
+                or L.element_type(op.results[0]) not in float_elementwise.FLOAT:
             continue
         value = ctx.const(op.results[0])
         if value is None:

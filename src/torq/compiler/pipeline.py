@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import os
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,14 +15,15 @@ import numpy as np
 import onnx
 
 from .. import numerics
-from ..errors import TorqError, one_line
-from ..fileio import atomic_write_text
+from ..errors import HostProblem, TorqError, one_line
+from ..fileio import atomic_write_text, inside, safe_name
 from ..graph.io_quant import io_quant_params
 from ..graph.load import load_model
 from ..graph.input_shape import specialise, static_shapes
 from ..graph.validate import validate
+from .frontend.wide_weights import per_axis_int16_weights
 from ..program import Program
-from ..graph.bf16 import convert_to_bf16, is_bf16, to_fp32
+from ..graph.bf16 import bf16_seeds, is_bf16, retype_from, to_fp32
 from . import importer, lowering, torq_hl
 from .frontend import signedness
 from .frontend.canonicalize import canonicalize
@@ -106,8 +108,8 @@ def import_graph(model: onnx.ModelProto) -> onnx.ModelProto:
     A bf16 model goes through as its exact fp32 twin (the ONNX checker rejects bf16 Conv at the
     opsets models use; see graph/bf16.py) and is retyped bf16 at the end."""
     if is_bf16(model):
-        return convert_to_bf16(import_graph(to_fp32(model)))
-    model = canonicalize(specialise(model))
+        return retype_from(import_graph(to_fp32(model)), bf16_seeds(model))
+    model = per_axis_int16_weights(canonicalize(specialise(model)))
     return slice_constant_gathers(fold_shape_arithmetic(model))
 
 
@@ -120,15 +122,19 @@ def front_end(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str], list[
 def compile(model, debug_ir: str | os.PathLike | None = None, name: str | None = None) -> CompiledModel:  # noqa: A001
     """Compile a quantized ONNX model (path or ModelProto) to torq_hl.
 
-    debug_ir: a folder that receives <name>.<stage>.mlir for every stage."""
+    debug_ir: a folder that receives <name>.<stage>.mlir for every stage (``name`` sanitised:
+    a model's names never choose where files go)."""
     t0 = time.perf_counter()
     if name is None:
         name = Path(model).stem if isinstance(model, (str, os.PathLike)) else (model.graph.name or "model")
+    name = safe_name(name)
     where, model = (str(model) if isinstance(model, (str, os.PathLike)) else "model"), load_model(model)
     validate(model, where)             # attribute values torch-mlir would trust blindly
     static_shapes(model, where)        # every input size known but the batch's (graph/input_shape.py)
+    io_quant = io_quant_params(model)  # (malformed metadata: a one-line error now, not later)
     original = model
     model, u8_in, u8_out, shifted = front_end(model)
+    model.graph.name = func_name(model.graph.name)
     stages = importer.StageTexts()     # texts printed only when read (.ir, --emit, --debug-ir)
     imported = importer.import_onnx(model)
     t1 = time.perf_counter()
@@ -152,7 +158,7 @@ def compile(model, debug_ir: str | os.PathLike | None = None, name: str | None =
     program, why = None, None
     try:
         program = emit_program(module, report.unsupported, onnx_ops, ins, outs, u8_in, u8_out,
-                               io_quant_params(original), recorded)
+                               io_quant, recorded)
     except TorqError as e:
         why = str(e)
     t4 = time.perf_counter()
@@ -160,6 +166,26 @@ def compile(model, debug_ir: str | os.PathLike | None = None, name: str | None =
                              {"import_s": t1 - t0, "linalg_s": t2 - t1, "torq_hl_s": t3 - t2, "program_s": t4 - t3},
                              u8_in, u8_out, program, why)
     if debug_ir is not None:
-        for stage, text in stages.items():
-            atomic_write_text(Path(debug_ir) / f"{name}.{stage}.mlir", text)
+        write_stages(stages, debug_ir, name)
     return compiled
+
+
+def write_stages(stages, folder, name: str) -> None:
+    """Every stage as ``folder/<name>.<stage>.mlir``; a folder we cannot write is a TorqError."""
+    for stage, text in stages.items():
+        try:
+            atomic_write_text(inside(folder, f"{name}.{stage}.mlir"), text)
+        except HostProblem:
+            raise
+        except (OSError, TorqError) as e:
+            why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+            raise HostProblem(f"--debug-ir {folder}: cannot write {name}.{stage}.mlir: {why}") from None
+
+
+def func_name(graph_name: str) -> str:
+    """The MLIR function a graph imports as: ASCII word characters only (MLIR quotes and escapes
+    any other name, and IREE exports it escaped), at most 48 characters."""
+    clean = re.sub(r"[^A-Za-z0-9_]", "_", graph_name or "")[:48].strip("_")
+    if not clean:
+        return "main"
+    return clean if not clean[0].isdigit() else f"g_{clean}"

@@ -26,6 +26,10 @@ Semantics (NCHW, int8 activations; see runtime/nss.py and torq/numerics):
          have one entry or one per index of the input's first axis
   reduce: out = sum of input over `dims` (mode "sum"), i32 — with fma, the dynamic-weight
          input-zero-point correction -in_zp·Σw' (seed §4.5.4)
+  rescale: out = ACT(input - input_zp, multiplier, shift_factor), one per-tensor rescale (the
+         reference's "Rescale via FMA"): an int16 tensor converted to another quantization
+  conv2d / depthwise_conv2d / fully_connected / add / avg_pool2d with an i16 input: int16
+         activations (A16W8), the byte-plane path of numerics.int16 (same attributes)
   matmul: two activations ([B,] M×K by [B,] K×N, zero points already taken off by fma):
          acc = input1 @ input2 (exact, i32), out = ACT(acc, scale_bias[1], shift_factor)  (Q·Kᵀ)
 
@@ -79,6 +83,9 @@ OPS: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {
         "ort_scales": F32A, "ort_zp": I32, "ort_mode": STR, "ort_zp_shift": I32}),
     "fma": (("init", "input"), {"weights": I64A, "biases": I64A, "output_min": I32, "output_max": I32}),
     "reduce": (("init", "input"), {"mode": STR, "dims": I64A}),
+    "rescale": (("init", "input"), {
+        "input_zp": I32, "output_zp": I32, "output_min": I32, "output_max": I32, "shift_factor": I32,
+        "multiplier": I32, "round_ties_even": I32, "ort_input_scale": F32A, "ort_output_scale": F32A}),
     "matmul": (("init", "input1", "input2"), {
         "output_zp": I32, "output_min": I32, "output_max": I32, "shift_factor": I32, "scale_bias": I64A,
         "ort_dq_scale": F32A, "ort_output_scale": F32A}),

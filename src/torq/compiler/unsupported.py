@@ -77,9 +77,13 @@ def collect(ops, ctx, runs_on_nss) -> LoweringReport:
             key = name.split(".", 1)[1]
             rep.lowered[key] = rep.lowered.get(key, 0) + 1
         elif not runs_on_nss(name):
-            u = _unsupported(ctx, op)
-            u.consequence |= any(c.location == u.location and not c.consequence for c in rep.unsupported)
-            rep.unsupported.append(u)
+            rep.unsupported.append(_unsupported(ctx, op))
+    cause = {}      # per location: the op a rule explained, else the first one (the rest follow from it)
+    for u in rep.unsupported:
+        if not u.consequence and (u.location not in cause or (u.stated and not cause[u.location].stated)):
+            cause[u.location] = u
+    for u in rep.unsupported:
+        u.consequence |= cause.get(u.location) is not u
     rep.unsupported.sort(key=Unsupported.rank)
     return rep
 

@@ -45,6 +45,13 @@ class Dataset:
         files = [self.files[i] for i in idx] if self.files else None
         return Dataset(self.name, self.labels[idx], lambda i: self._loader(int(idx[i])), files)
 
+    def sources(self) -> set:
+        """The real files the images come from (links and other spellings of a path resolved):
+        each image file of a folder, else the dataset file itself."""
+        if self.files:
+            return {(Path(self.name) / f).resolve() for f in self.files}
+        return {Path(self.name).resolve()}
+
     def check_classes(self, num_classes: int) -> None:
         """Every label must index a model output; else name the first bad one."""
         bad = np.flatnonzero((self.labels < 0) | (self.labels >= num_classes))
@@ -85,7 +92,12 @@ def load_dataset(spec: str | os.PathLike, labelled: bool = True) -> Dataset:
 
 def _folder_dataset(folder: Path) -> Dataset:
     files, labels = parse_labels_file(folder / LABELS_FILE)
+    root = folder.resolve()
     for f in files:
+        where = (folder / f).resolve()
+        if where != root and root not in where.parents:
+            raise TorqError(f"{folder / LABELS_FILE}: image {f!r} is outside the dataset folder {folder} "
+                            "(entries are file names relative to it)")
         if not (folder / f).is_file():
             raise TorqError(f"{folder / LABELS_FILE}: image {f} is listed but missing in {folder}")
     return Dataset(str(folder), np.asarray(labels, dtype=np.int64),
@@ -116,23 +128,65 @@ def parse_labels_file(path: Path) -> tuple[list[str], list[int]]:
         if len(cols) <= max(fcol, ccol) or not cols[fcol]:
             raise TorqError(f"{path}:{n}: expected {len(header)} tab-separated columns, got {len(cols)}")
         try:
-            labels.append(int(cols[ccol]))
+            label = int(cols[ccol])
         except ValueError:
             raise TorqError(f"{path}:{n}: class_index {cols[ccol]!r} is not an integer") from None
+        if not -1 <= label < 2**31:
+            raise TorqError(f"{path}:{n}: class_index {label} is out of range")
+        labels.append(label)
         files.append(cols[fcol])
     if not files:
         raise TorqError(f"{path}: lists no images")
     return files, labels
 
 
+MAX_IMAGE_PIXELS = 64 << 20      # a decoded image holds 3 bytes a pixel
+
+
 def read_image(path: Path) -> np.ndarray:
-    """An image file as uint8 RGB H×W×3 (gray and palette images converted)."""
-    from PIL import Image, UnidentifiedImageError
+    """An image file as uint8 RGB H×W×3, read faithfully or refused with the reason.
+
+    EXIF orientation applied; gray, palette, CMYK and alpha images converted to RGB; 16-bit
+    images scaled to 8 bits (>> 8), float images read as 0..1 (or 0..255) intensities."""
+    import warnings
+
+    from PIL import Image, ImageOps, UnidentifiedImageError
     try:
-        with Image.open(path) as im:
-            return np.asarray(im.convert("RGB"))
-    except (UnidentifiedImageError, OSError, ValueError) as e:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(path) as im:
+                w, h = im.size
+                if w * h > MAX_IMAGE_PIXELS:
+                    raise TorqError(f"{path}: image is {w}×{h} ({w * h / 1e6:.0f} MP), larger than the "
+                                    f"{MAX_IMAGE_PIXELS / 1e6:.0f} MP evaluate reads")
+                return _as_rgb(ImageOps.exif_transpose(im), path)
+    except TorqError:
+        raise
+    except Image.DecompressionBombError as e:
+        raise TorqError(f"{path}: image is larger than the {MAX_IMAGE_PIXELS / 1e6:.0f} MP evaluate reads "
+                        f"({one_line(e, 80)})") from None
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as e:
         raise TorqError(f"{path}: unreadable image: {one_line(e, 120)}") from None
+
+
+def _as_rgb(im, path: Path) -> np.ndarray:
+    if im.mode in ("I;16", "I;16B", "I;16L", "I;16N", "I", "F"):
+        a = np.asarray(im)
+        if im.mode == "F":
+            a = a.astype(np.float64)
+            if not np.isfinite(a).all() or a.min() < 0 or a.max() > 255:
+                raise TorqError(f"{path}: float image with values outside 0..1 and 0..255 "
+                                f"({np.nanmin(a):g}..{np.nanmax(a):g}); convert it to 8 bits")
+            a = np.rint(a * 255 if a.max() <= 1 else a)
+        elif a.min() < 0 or a.max() > 65535:
+            raise TorqError(f"{path}: {im.mode} image with values outside 0..65535; convert it to 8 bits")
+        elif im.mode != "I" or a.max() > 255:
+            a = a.astype(np.uint32) >> 8        # 16-bit intensities to 8 bits
+        gray = a.astype(np.uint8)
+        return np.repeat(gray[..., None], 3, axis=2)
+    if im.mode not in ("RGB", "L", "1", "P", "PA", "RGBA", "LA", "CMYK", "YCbCr", "RGBX", "La"):
+        raise TorqError(f"{path}: images of mode {im.mode} are not supported; convert it to RGB")
+    return np.asarray(im.convert("RGBA").convert("RGB") if im.mode in ("P", "PA") else im.convert("RGB"))
 
 
 # ----------------------------------------------------------------------------- npz
@@ -153,6 +207,8 @@ def _npz_dataset(path: Path) -> Dataset:
         raise TorqError(f"{path}: y must be a 1-D integer array of labels, got {y.dtype} {y.shape}")
     if len(x) != len(y):
         raise TorqError(f"{path}: x has {len(x)} images but y has {len(y)} labels")
+    if len(x) == 0:
+        raise TorqError(f"{path}: holds no images (x has shape {list(x.shape)})")
     return Dataset(str(path), y.astype(np.int64), lambda i: x[i])
 
 

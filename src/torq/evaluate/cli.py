@@ -48,9 +48,8 @@ def register(sub) -> None:
     p.add_argument("--calibration-split", type=int, default=0, metavar="N",
                    help="hold N random images of --dataset apart for calibration (not evaluated); "
                         "instead of --calibration-data")
-    from ..quantize.recipe import RECOMMENDED
     from ..quantize.recipe_flags import add_recipe_arguments
-    add_recipe_arguments(p, default=RECOMMENDED)
+    add_recipe_arguments(p)
     p.add_argument("--half", choices=["all", "tune", "report"], default="all",
                    help="evaluate a seeded half of the images: choose settings on 'tune', quote numbers from "
                         "'report' (default all)")
@@ -82,8 +81,9 @@ def run(args) -> int:
     for flag in ("batch", "jobs"):
         if getattr(args, flag) < 1:
             raise TorqError(f"--{flag.replace('_', '-')} {getattr(args, flag)} must be at least 1")
-    if args.threads < 0:
-        raise TorqError(f"--threads {args.threads} must be at least 0 (0 = every usable core)")
+    for flag in ("threads", "sqnr_images", "calibration_split"):
+        if getattr(args, flag) < 0:
+            raise TorqError(f"--{flag.replace('_', '-')} {getattr(args, flag)} must be at least 0")
     if args.limit is not None and args.limit < 1:
         raise TorqError(f"--limit {args.limit} must be at least 1")
     if not Path(args.model).is_file():
@@ -93,14 +93,33 @@ def run(args) -> int:
                        half=args.half, split_seed=args.split_seed,
                        sqnr_images=args.sqnr_images, onnx_reference=args.onnx_reference,
                        jobs=args.jobs, threads=args.threads, ray=args.ray, rounding=args.rounding)
+    _check_outputs(args, recipe.calibration_data)
     if recipe.precision == (("*", "bf16"),):
         from .bf16_run import evaluate_bf16
         result = evaluate_bf16(args.model, args.dataset, opts)
     else:
         result = evaluate(args.model, args.dataset, options=opts)
     print(result.markdown())
-    for path in result.write(args.output_dir):
+    try:
+        written = result.write(args.output_dir)
+    except OSError as e:
+        raise TorqError(f"--output-dir {args.output_dir}: cannot write: {e.strerror or type(e).__name__}") from None
+    for path in written:
         print(f"wrote {path}")
     for w in result.warnings():     # an error without a declared norm (raw pixels), else a warning
         print(f"torq-gen-config evaluate: {'error' if result.refused() else 'WARNING'}: {w}", file=sys.stderr)
     return 1 if result.refused() else 0
+
+
+OUTPUTS = ("evaluation.json", "evaluation.md", "sqnr.png", "lsb_hist.png")
+
+
+def _check_outputs(args, calibration_data) -> None:
+    """Before any work: --output-dir is a folder, and none of the files written there is an input."""
+    from ..fileio import refuse_overwrite
+    out = Path(args.output_dir)
+    if out.exists() and not out.is_dir():
+        raise TorqError(f"--output-dir {out}: is a file, not a folder")
+    inputs = {"--model": args.model, "--dataset": args.dataset, "--calibration-data": calibration_data}
+    for name in OUTPUTS:
+        refuse_overwrite(out / name, "--output-dir", inputs)

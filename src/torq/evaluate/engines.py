@@ -29,10 +29,33 @@ def with_batch(model: onnx.ModelProto, batch: int) -> onnx.ModelProto:
     return onnx.shape_inference.infer_shapes(m)
 
 
-def quantize_input(x: np.ndarray, scale: float, zero_point: int) -> np.ndarray:
-    """ONNX QuantizeLinear to int8, ORT's recipe (``numerics.quantize_ort``)."""
+def fixed_batch(model: onnx.ModelProto) -> int | None:
+    """The first input's batch dim when the model fixes it (e.g. 1), else None (symbolic)."""
+    inits = {t.name for t in model.graph.initializer}
+    ins = [i for i in model.graph.input if i.name not in inits]
+    dims = ins[0].type.tensor_type.shape.dim if ins else []
+    return dims[0].dim_value if dims and dims[0].HasField("dim_value") and dims[0].dim_value > 0 else None
+
+
+def in_chunks(run, x: np.ndarray, n: int) -> np.ndarray:
+    """``run`` on ``x`` in chunks of exactly ``n`` images (the last one padded with zeros, whose
+    results are dropped): how a model with a fixed batch sees any number of images."""
+    outs = []
+    for start in range(0, len(x), n):
+        chunk = x[start:start + n]
+        k = len(chunk)
+        if k < n:
+            chunk = np.concatenate([chunk, np.zeros((n - k, *chunk.shape[1:]), chunk.dtype)])
+        outs.append(run(chunk)[:k])
+    return np.concatenate(outs)
+
+
+def quantize_input(x: np.ndarray, scale: float, zero_point: int, dtype: str = "int8") -> np.ndarray:
+    """ONNX QuantizeLinear to int8 (or the input's integer ``dtype``, e.g. int16 for A16W8),
+    ORT's recipe (``numerics.quantize_ort``)."""
     from ..numerics import quantize_ort
-    return quantize_ort(x, np.float32(scale), int(zero_point), -128, 127).astype(np.int8)
+    info = np.iinfo(np.dtype(dtype))
+    return quantize_ort(x, np.float32(scale), int(zero_point), info.min, info.max).astype(dtype)
 
 
 class OrtEngine:
@@ -45,8 +68,11 @@ class OrtEngine:
         from .. import reference
         self.sess = reference.session(model, threads=threads, fused=fused)
         self.input = self.sess.get_inputs()[0].name
+        self.batch = fixed_batch(model)
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
+        if self.batch is not None and len(x) != self.batch:
+            return in_chunks(self.__call__, x, self.batch)
         return self.sess.run(None, {self.input: x})[0]
 
 
@@ -74,14 +100,18 @@ class NssEngine:
     sub-batch size; a short sub-batch is padded with zeros like a short batch."""
 
     def __init__(self, qmodel: onnx.ModelProto, batch: int, rounding: str = "native",
-                 threads: int | None = None):
+                 threads: int | None = None, engine: str | None = None):
         from ..compiled import compile as torq_compile
-        from ..runtime.nss import usable_cores
+        from ..runtime.nss import Simulator, usable_cores
         self.batch, self.rounding = batch, rounding
         self.threads, self.sub = split_batch(batch, threads or usable_cores())
+        fixed = fixed_batch(qmodel)
+        if fixed is not None:            # the model's own batch: compiled as it is
+            self.sub, self.threads = fixed, max(1, min(self.threads, -(-batch // fixed)))
         self.compiled = torq_compile(with_batch(qmodel, self.sub), name="evaluate")
         if self.compiled.report.unsupported:
             raise TorqError(str(self.compiled.report.unsupported[0]))
+        self.simulator = Simulator(self.compiled.program, engine)
         self.input = self.compiled.input_names[0]
         self.output = self.compiled.output_names[0]
         self._warm_up()
@@ -89,7 +119,8 @@ class NssEngine:
     def _warm_up(self) -> None:
         """One zero sub-batch: the simulator's compiled loops are built now, not during timing."""
         port = self.compiled.program.inputs[0]
-        self.compiled.run({self.input: np.zeros(port.shape, port.onnx_dtype)}, rounding=self.rounding)
+        self.simulator.run(self.compiled.program.feed({self.input: np.zeros(port.shape, port.onnx_dtype)}),
+                           self.rounding)
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         program = self.compiled.program
@@ -101,5 +132,5 @@ class NssEngine:
                 chunk = np.concatenate([chunk, np.zeros((self.sub - n, *chunk.shape[1:]), chunk.dtype)])
             calls.append(program.feed({self.input: chunk}))
             sizes.append(n)
-        outs = self.compiled.simulator.run_many(calls, self.rounding, self.threads)
+        outs = self.simulator.run_many(calls, self.rounding, self.threads)
         return np.concatenate([program.fetch(out)[self.output][:n] for out, n in zip(outs, sizes)])

@@ -84,6 +84,7 @@ class LayerSqnr:
                 dq = [c for c in consumers.get(n.output[0], []) if c.op_type == "DequantizeLinear"]
                 if dq:
                     self.pairs.append((n.input[0], dq[0].output[0]))
+        self.model = fp32
         self.fp32 = self._session(fp32, [t for t, _ in self.pairs])
         self.q = self._session(qmodel, [d for _, d in self.pairs])
         self.signal = np.zeros(len(self.pairs))
@@ -96,6 +97,14 @@ class LayerSqnr:
         return sess, sess.get_inputs()[0].name, names
 
     def add(self, x_float: np.ndarray, x_int8: np.ndarray) -> None:
+        """Images of a batch; a model with a fixed batch N sees them N at a time (a remainder
+        of fewer than N images is left out of the SQNR)."""
+        from .engines import fixed_batch
+        n = fixed_batch(self.model)
+        if n is not None and len(x_float) != n:
+            for start in range(0, len(x_float) - n + 1, n):
+                self.add(x_float[start:start + n], x_int8[start:start + n])
+            return
         (fs, fin, fnames), (qs, qin, qnames) = self.fp32, self.q
         ref = fs.run(fnames, {fin: x_float})
         test = qs.run(qnames, {qin: x_int8})

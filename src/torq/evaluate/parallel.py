@@ -19,10 +19,10 @@ import hashlib
 import numpy as np
 
 from ..errors import TorqError
+from ..workers import WorkerPool, cap_jobs
 
 _ENGINES: dict = {}
-_WORKER: dict = {}              # in a --jobs worker: its engine, or the error compiling it
-_READY_TIMEOUT_S = 600
+_WORKER: dict = {}              # in a --jobs worker: its engine
 
 
 def _engine(model_bytes: bytes, batch: int, threads: int | None = None, rounding: str = "native"):
@@ -42,11 +42,11 @@ def run_batch(model_bytes: bytes, batch: int, start: int, x: np.ndarray, roundin
     return start, _engine(model_bytes, batch, threads=1, rounding=rounding)(x)
 
 
-def nss_outputs(qmodel, opts, inputs):
+def nss_outputs(qmodel, opts, inputs, images: int = 0):
     """An iterator of (start, logits) per input batch from the backend chosen by ``opts``.
 
     In process and with --jobs, the model is compiled here, before the first batch (not part
-    of images/s)."""
+    of images/s). ``images``: how many there are, when known (no more --jobs workers than batches)."""
     data = qmodel.SerializeToString()
     if opts.ray:
         from .ray_backend import ray_outputs
@@ -55,8 +55,9 @@ def nss_outputs(qmodel, opts, inputs):
         raise TorqError(f"--jobs {opts.jobs} must be at least 1")
     if opts.threads < 0:
         raise TorqError(f"--threads {opts.threads} must be at least 0 (0 = every core)")
-    if opts.jobs > 1:
-        return _pool_outputs(_start_pool(data, opts.batch, opts.jobs, opts.rounding), opts.jobs, inputs)
+    jobs = cap_jobs(opts.jobs, -(-images // opts.batch) if images else opts.jobs)
+    if jobs > 1:
+        return _pool_outputs(_start_pool(data, opts.batch, jobs, opts.rounding), jobs, inputs)
     engine = _engine(data, opts.batch, opts.threads or None, opts.rounding)
     return ((start, engine(x)) for start, x in inputs)
 
@@ -64,56 +65,37 @@ def nss_outputs(qmodel, opts, inputs):
 def _start_pool(data: bytes, batch: int, jobs: int, rounding: str = "native"):
     """``jobs`` spawned workers, each with the model compiled and one BLAS thread; returns once
     all of them are ready (or raises the first worker's compile error)."""
-    import multiprocessing as mp
-
-    ctx = mp.get_context("spawn")            # fresh interpreters: no forked BLAS/numba threads
-    ready = ctx.SimpleQueue()
-    pool = ctx.Pool(jobs, initializer=_worker_init, initargs=(data, batch, ready, rounding))
+    pool = WorkerPool(jobs, init=_worker_init, initargs=(data, batch, rounding), what="evaluate --jobs")
     try:
-        for _ in range(jobs):
-            msg = _get(ready)
-            if msg is not None:
-                raise TorqError(msg)
+        pool.wait_ready()
     except BaseException:
-        pool.terminate()
+        pool.close()
         raise
     return pool
 
 
-def _get(ready):
-    """The next worker's ready message (None, or its error)."""
-    import time
-    deadline = time.monotonic() + _READY_TIMEOUT_S
-    while ready.empty():
-        if time.monotonic() > deadline:
-            raise TorqError(f"--jobs: the NSS workers did not start within {_READY_TIMEOUT_S} s")
-        time.sleep(0.01)
-    return ready.get()
-
-
-def _worker_init(data: bytes, batch: int, ready, rounding: str = "native") -> None:
+def _worker_init(data: bytes, batch: int, rounding: str = "native") -> None:
     from threadpoolctl import threadpool_limits
     _WORKER["blas"] = threadpool_limits(1)   # N processes on N cores: one BLAS thread each
-    try:
-        _WORKER["engine"] = _engine(data, batch, threads=1, rounding=rounding)
-        ready.put(None)
-    except Exception as e:  # noqa: BLE001 - reported by the parent as a one-line error
-        _WORKER["error"] = str(e) or type(e).__name__
-        ready.put(_WORKER["error"])
+    _WORKER["engine"] = _engine(data, batch, threads=1, rounding=rounding)
 
 
 def _pool_outputs(pool, jobs: int, inputs):
-    """Rounds of ``jobs`` batches: read them (the caller's preprocessing), run them side by side."""
+    """Rounds of ``jobs`` batches: read them (the caller's preprocessing), run them side by side.
+    A worker that dies is noticed: its batch is retried once, then named in a one-line error."""
     with pool:
         while True:
             items = [item for _, item in zip(range(jobs), inputs)]
             if not items:
                 return
-            yield from pool.map(_pool_task, items, chunksize=1)
+            yield from pool.map(_pool_task, items, label=_batch_label)
+
+
+def _batch_label(item) -> str:
+    start, x = item
+    return f"running images {start}..{start + len(x) - 1}"
 
 
 def _pool_task(item):
-    if "error" in _WORKER:
-        raise TorqError(_WORKER["error"])
     start, x = item
     return start, _WORKER["engine"](x)

@@ -26,6 +26,7 @@ class EvalResult:
     sqnr: list = field(default_factory=list)
     lsb: Counter = field(default_factory=Counter)      # NSS − ORT int8 logits, in LSB
     ort_margin: np.ndarray | None = None               # ORT int8 top-1 − top-2 logit (LSB)
+    precision: dict = field(default_factory=dict)      # quantize.sensitivity.precision_summary
     _ort_logits: dict = field(default_factory=dict, repr=False)
     int8_model: object = field(default=None, repr=False)    # the int8 ModelProto measured
 
@@ -156,6 +157,8 @@ class EvalResult:
                 *np.unique(np.minimum(self.ort_margin, 16), return_counts=True))}
         out.update(self.intervals())
         out["images_per_s"] = {p: self.images_per_s(p) for p in self.paths}
+        if self.precision:
+            out["precision"] = self.precision
         out["sqnr_db"] = [{"tensor": s["tensor"], "sqnr_db": _finite(s["sqnr_db"])} for s in self.sqnr]
         out["lsb_diff_nss_vs_ort"] = {str(k): v for k, v in sorted(self.lsb.items())}
         if per_image:

@@ -6,6 +6,7 @@ image through the three paths → top-k, agreement, per-layer SQNR, LSB histogra
 """
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -80,6 +81,8 @@ def split(data: Dataset, opts: EvalOptions) -> tuple[Dataset, Dataset]:
     """(evaluation, calibration) datasets; they never share an image."""
     if opts.calibration and opts.calibration_split:
         raise TorqError("give either --calibration-data or --calibration-split, not both")
+    if opts.calibration_split < 0:
+        raise TorqError(f"--calibration-split {opts.calibration_split} must be at least 0")
     if opts.calibration_split:
         n = opts.calibration_split
         if n >= len(data):
@@ -88,9 +91,11 @@ def split(data: Dataset, opts: EvalOptions) -> tuple[Dataset, Dataset]:
         evaluation, calib = data.subset(np.sort(perm[n:])), data.subset(np.sort(perm[:n]))
     elif opts.calibration:
         evaluation, calib = data, load_dataset(opts.calibration, labelled=False)
-        if calib.name == data.name:
-            raise TorqError("the calibration data is the evaluation dataset; calibration images must never "
-                            "be evaluated (use --calibration-split N)")
+        shared = calib.sources() & data.sources()
+        if shared:
+            raise TorqError(f"the calibration data shares {len(shared)} image file(s) with the evaluation dataset "
+                            f"(e.g. {sorted(shared)[0]}); calibration images must never be evaluated "
+                            "(use --calibration-split N)")
     else:
         raise TorqError("evaluate needs real calibration images: --calibration-data SPEC or "
                         "--calibration-split N")
@@ -111,11 +116,14 @@ def prepare(model_path, data: Dataset, calib: Dataset, opts: EvalOptions):
     CLE, bias correction), whose tensors line up with the int8 model's."""
     from ..graph.input_shape import set_input_shapes
     from ..graph.load import load_model
+    from ..quantize import memory_bound
     from ..quantize.calibration import ImageReader, image_input
     from ..quantize.recipe import apply
     fp32 = set_input_shapes(load_model(model_path), opts.recipe.input_shape, str(model_path))
     name, shape = image_input(fp32, "evaluate")
     recipe = opts.measured_recipe
+    memory_bound.check(fp32, min(recipe.num_calib, len(calib)), str(model_path), "--num-calib")
+    memory_bound.check(fp32, opts.batch, str(model_path), "--batch")
     reader = None if opts.recipe.calibration_data else \
         ImageReader(calib, opts.preprocess, shape, name, recipe.num_calib)
     quantized = apply(recipe, model_path, reader)
@@ -149,13 +157,30 @@ def evaluate(model, dataset, *, preprocess: str | Preprocess | None = None, opti
     from ..progress import stage
     with stage(f"evaluate: quantizing with {len(calib)} calibration images"):
         fp32, q, name, shape, classes, reference = prepare(model, data, calib, opts)
+    opts = _fixed_batch(fp32, name, opts)
     qin = io_quant_params(q)["inputs"][name]
     result = EvalResult.start(model, data, opts, classes, len(calib))
     result.int8_model = q
+    from ..quantize.sensitivity import precision_summary
+    result.precision = precision_summary(reference, q)
     _run_ort_paths(result, data, opts, (fp32, reference), q, name, shape, qin)
     _run_nss_path(result, data, opts, q, name, shape, qin)
     result.finish()
     return result
+
+
+def _fixed_batch(fp32, name: str, opts: EvalOptions) -> EvalOptions:
+    """A model exported with a fixed batch of 1 is evaluated one image per call (a note says
+    so); another fixed batch would have to be the batch everywhere: refused, naming the input."""
+    dim = next(v for v in fp32.graph.input if v.name == name).type.tensor_type.shape.dim[0]
+    if not dim.HasField("dim_value") or dim.dim_value <= 0 or dim.dim_value == opts.batch:
+        return opts
+    if dim.dim_value != 1:
+        raise TorqError(f"input {name!r} has a fixed batch of {dim.dim_value}: pass --batch {dim.dim_value}, "
+                        "or export the model with a dynamic batch")
+    print(f"evaluate: input {name!r} has a fixed batch of 1: one image per call (not --batch {opts.batch})",
+          file=sys.stderr)
+    return opts.with_changes(batch=1)
 
 
 def _run_ort_paths(result, data, opts, fp32_models, q, name, shape, qin) -> None:
@@ -166,7 +191,7 @@ def _run_ort_paths(result, data, opts, fp32_models, q, name, shape, qin) -> None
     sqnr = metrics.LayerSqnr(reference, q) if opts.sqnr_images else None
     with result.progress("FP32 + INT8 (ORT)", len(data), opts.progress) as advance:
         for start, x in batches(data, opts, name, shape):
-            xq = quantize_input(x, qin["scale"], qin["zero_point"])
+            xq = quantize_input(x, qin["scale"], qin["zero_point"], qin.get("dtype", "int8"))
             for path, engine in engines.items():
                 t0 = time.perf_counter()
                 out = engine(x if path == "fp32" else xq)
@@ -191,12 +216,12 @@ def _run_nss_path(result, data, opts, q, name, shape, qin) -> None:
             if item is None:
                 return
             start, x = item
-            xq = quantize_input(x, qin["scale"], qin["zero_point"])
+            xq = quantize_input(x, qin["scale"], qin["zero_point"], qin.get("dtype", "int8"))
             feeding[0] += time.perf_counter() - t0
             yield start, xq
 
     with result.progress("INT8 (NSS)", len(data), opts.progress) as advance:
-        stream = nss_outputs(q, opts, inputs())
+        stream = nss_outputs(q, opts, inputs(), images=len(data))
         t0 = time.perf_counter()
         for start, out in stream:
             result.record("int8_nss", start, out)

@@ -11,7 +11,7 @@ import sys
 import textwrap
 
 from ..cli_util import OneLineParser as _Parser
-from ..cli_util import run_main
+from ..cli_util import log_to, run_main
 
 PROG = "torq-gen-config"
 
@@ -56,7 +56,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.argv = list(argv) if argv is not None else sys.argv[1:]   # for reproduction commands
-    return run_main(PROG, lambda: args.func(args))
+
+    def body():
+        with log_to(getattr(args, "log_file", None), PROG):
+            return args.func(args)
+    return run_main(PROG, body)
 
 
 if __name__ == "__main__":

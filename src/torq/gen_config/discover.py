@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import multiprocessing
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -17,11 +17,16 @@ from pathlib import Path
 
 from .._version import __version__
 from ..errors import TorqError
-from . import layer_test, mapping, schema
+from ..fileio import refuse_overwrite, safe_name
+from ..workers import WorkerPool, cap_jobs
+from . import layer_test, mapping, schema, store
 from .cache import ResultCache
 from .executors import EXECUTOR_ORDER
 from .options import (QuantSettings, add_common_args, cache_dir, check_output_dir, parse_executors,
-                      quant_settings)
+                      note_inert_flags, quant_settings, resolve_model, use_engine)
+
+
+SAVE_EVERY_S = 1.0
 
 
 @dataclass
@@ -42,7 +47,9 @@ class DiscoverOptions:
     rounding: str = "native"
     argv: list = field(default_factory=list)
     jobs: int = 1
+    fresh: bool = False
     save_bf16_model: str | None = None
+    ray: object = None          # --ray: True (local instance) or a cluster address
 
 
 @dataclass
@@ -52,6 +59,8 @@ class Context:
     path: Path
     cache: ResultCache
     computed: int = 0
+    done: dict = field(default_factory=dict)     # layer id -> the executor discover recommends
+    saved_at: float = 0.0
 
 
 def model_and_layers(model_path: Path, quant: QuantSettings, subgraph=(None, None), lazy: bool = False):
@@ -101,23 +110,26 @@ def prepared_fp32(model_path: Path, quant: QuantSettings):
 
 def layer_places(layers, build_full, key: dict, recompute: bool) -> list:
     """``mapping.map_layers`` of the (quantized) full model, cached by fingerprint: a warm
-    discover neither re-quantizes nor re-imports the full model."""
+    discover neither re-quantizes nor re-imports the full model. A cached map is used only when
+    it is sealed for this key and has one valid place per layer (else it is recomputed)."""
     import hashlib
     import json
-    from ..fileio import atomic_write_json
+    from .cache import read_sealed, write_sealed
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
     path = cache_dir() / "maps" / f"{digest}.json"
-    if path.exists() and not recompute:
-        try:
-            return [tuple(p) for p in json.loads(path.read_text())]
-        except (OSError, ValueError):
-            pass
+    places = None if recompute else read_sealed(path, "torq-map", digest)
+    if _valid_places(places, len(layers)):
+        return [tuple(p) for p in places]
     places = mapping.map_layers([lay.op_type for lay in layers], locations(build_full()))
-    try:
-        atomic_write_json(path, places)
-    except OSError:
-        pass
+    write_sealed(path, "torq-map", digest, [list(p) for p in places])
     return places
+
+
+def _valid_places(places, n: int) -> bool:
+    return isinstance(places, list) and len(places) == n and all(
+        isinstance(p, list) and len(p) == 2
+        and (p[0] is None or (isinstance(p[0], int) and not isinstance(p[0], bool) and p[0] >= 0))
+        and (p[1] is None or isinstance(p[1], str)) for p in places)
 
 
 def select_layers(fp32, subgraph):
@@ -137,7 +149,7 @@ def select_layers(fp32, subgraph):
 def _layer_index(layers, selector: str, flag: str) -> int:
     """A non-Constant node index, a layer id, a node name or an output tensor name."""
     sel = str(selector)
-    if sel.isdigit():
+    if sel.isascii() and sel.isdigit():
         if int(sel) >= len(layers):
             raise TorqError(f"{flag} {sel}: out of range (the model has {len(layers)} layers)")
         return int(sel)
@@ -164,9 +176,17 @@ def run_discovery(opts: DiscoverOptions, progress=None) -> tuple[dict, Path]:
         layers, suffix, build_full = model_and_layers(opts.model, opts.quant, opts.subgraph, lazy=True)
     if opts.save_bf16_model:
         from ..fileio import save_model
+        refuse_overwrite(opts.save_bf16_model, "--save-bf16-model", {"--model": opts.model})
         save_model(build_full(), Path(opts.save_bf16_model))
     path = schema.report_path(opts.output_dir, stem, suffix)
-    report = _start_report(path, stem, opts)
+    refuse_overwrite(path, "--output-dir", {"--model": opts.model, "--calibration-data": opts.quant.recipe.calibration_data})
+    with store.session(path, "discover", exclusive=True):
+        return _discover(opts, layers, build_full, path, progress)
+
+
+def _discover(opts: DiscoverOptions, layers, build_full, path: Path, progress) -> tuple[dict, Path]:
+    from ..progress import stage
+    report = _start_report(path, opts.model.stem, opts)
     map_key = {"fingerprint": report["quantization"], "layers": [lay.id for lay in layers], "v": __version__}
     with stage("discover: the whole model (quantize, import: each layer's MLIR location)"):
         places = layer_places(layers, build_full, map_key, opts.recompute_cache)
@@ -182,18 +202,48 @@ def run_discovery(opts: DiscoverOptions, progress=None) -> tuple[dict, Path]:
         for i, (layer, (k, loc), why) in enumerate(zip(layers, places, plan)):
             if progress:
                 progress(i, len(layers), layer.id)
-            entry = report["ops"].setdefault(layer.id, {"executors": {}})
+            entry = ctx.report["ops"].setdefault(layer.id, {"executors": {}})
             entry["_node_index"] = k if opts.quant.quantize else layer.node_index
             entry["_orig_index"] = layer.node_index
             entry["mlir_location"] = loc if loc else layer.op_type
+            _set_macs(entry, layer)
+            if opts.quant.quantize:
+                from ..quantize.recipe import layer_precision
+                entry["precision"] = layer_precision(opts.quant.recipe, layer.node_name)
             _fill(ctx, layer, entry, why, results)
-            schema.summarize(report)
-            schema.save(report, path)
+            _save(ctx)
     if progress:
         progress(len(layers), len(layers), "")
-    report["discovery_report"]["summary"].update(computed=ctx.computed, from_cache=ctx.cache.hits)
-    schema.save(report, path)
-    return report, path
+    ctx.report["discovery_report"]["summary"].update(computed=ctx.computed, from_cache=ctx.cache.hits)
+    _save(ctx, final=True)
+    return ctx.report, path
+
+
+def _save(ctx: Context, final: bool = False) -> None:
+    """Merge what discover has so far into the report on disk (at most once a second, and at
+    the end): edits made meanwhile are kept, and shown in ``ctx.report``."""
+    if not final and time.monotonic() - ctx.saved_at < SAVE_EVERY_S:
+        return
+    counts = {k: ctx.report["discovery_report"].get("summary", {}).get(k) for k in ("computed", "from_cache")}
+
+    def merge(disk):
+        out = store.merge_discovered(disk, ctx.report, ctx.done)
+        if final:
+            out["discovery_report"]["summary"].update(counts)
+        return out
+    merged = store.update(ctx.path, merge)
+    ctx.report = merged
+    ctx.saved_at = time.monotonic()
+
+
+def _set_macs(entry: dict, layer) -> None:
+    """``mac_count`` as the reference writes it (left out when a shape is not static)."""
+    from ..graph.macs import model_macs
+    n = model_macs(layer.model)
+    if n is None:
+        entry.pop("mac_count", None)
+    else:
+        entry["mac_count"] = n
 
 
 def _layer_calibration(opts: DiscoverOptions, layers) -> dict:
@@ -212,33 +262,82 @@ def _layer_calibration(opts: DiscoverOptions, layers) -> dict:
 
 @contextlib.contextmanager
 def _results(opts: DiscoverOptions, work: list):
-    """Results of ``_test_executors`` in order: in process, or from ``--jobs`` worker processes."""
-    if opts.jobs <= 1 or len(work) < 2:
+    """Results of ``_test_executors`` in order: in process, from ``--jobs`` worker processes
+    (a worker that dies is noticed: its layer is retried once, then named in a one-line error),
+    or from Ray tasks (``--ray``)."""
+    if opts.ray:
+        yield _ray_results(opts, work)
+        return
+    jobs = cap_jobs(opts.jobs, len(work))
+    if jobs <= 1 or len(work) < 2:
         yield map(_work, work)
         return
-    ctx = multiprocessing.get_context("spawn")   # MLIR contexts and numba threads do not survive fork
-    with ctx.Pool(min(opts.jobs, len(work))) as pool:
-        yield pool.imap(_work, work)
+    with WorkerPool(jobs, what="discover") as pool:
+        yield pool.map(_work, work, label=lambda w: f"testing layer {w[1].id!r}")
 
 
 def _work(args):
     return _test_executors(*args)
 
 
+def _ray_work(cache_root: str, engine: str | None, *args):
+    """One layer's test in a Ray worker, against the driver's cache folder (the same one on this
+    machine or a shared file system; elsewhere a folder of that name)."""
+    os.environ["TORQ_GEN_CONFIG_CACHE_DIR"] = cache_root
+    if engine:
+        os.environ["TORQ_ENGINE"] = engine
+    return _test_executors(*args)
+
+
+def _ray_results(opts: DiscoverOptions, work: list):
+    """Layer results from Ray tasks, in order; each is also written to this process's cache (the
+    shared truth: a rerun, local or distributed, finds it)."""
+    from .. import cluster
+    cache = ResultCache(cache_dir(), False)
+    args = [(str(cache_dir()), os.environ.get("TORQ_ENGINE"), *w) for w in work]
+    for w, (results, computed, hits) in zip(work, cluster.ordered(_ray_work, args, opts.ray)):
+        key = _layer_key(cache, *w)
+        for ex, r in results.items():
+            if not cache.path(key, ex).exists():
+                cache.put(key, ex, r)
+        yield results, computed, hits
+
+
 def _start_report(path: Path, stem: str, opts: DiscoverOptions) -> dict:
-    """Keep manual edits of an existing report for the same model and flags; else start fresh."""
+    """The existing report for the same model and flags, to merge into (its edits are kept);
+    a new one when there is none or with ``--fresh`` (the old one kept as ``<report>.json.bak``).
+    A report of other flags, or a damaged one, is refused unless ``--fresh``."""
     fingerprint = opts.quant.fingerprint(opts.model)
-    if path.exists():
-        try:
-            old = schema.load(path)
-        except TorqError:
-            old = None
-        if old is not None and old.get("quantization") == fingerprint:
-            for op in old["ops"].values():
-                for ex in opts.skip_executors:
-                    op["executors"].pop(ex, None)
-            return old
-    return schema.new_report(stem, fingerprint)
+    try:
+        old = store.read(path)
+        why = None if old is None else _other_flags(old.get("quantization"), fingerprint)
+    except TorqError as e:
+        old, why = None, f"it is damaged ({e})"
+    if why is not None and not opts.fresh:
+        raise TorqError(f"{path} exists and {why}; discover will not replace it: pass --fresh to start "
+                        f"over (the old report is kept as {path.name}.bak), or use another --output-dir")
+    if opts.fresh and path.exists():
+        with store.write_lock(path):
+            store.backup(path)
+        old = None
+    if old is None:
+        return schema.new_report(stem, fingerprint)
+    for op in old["ops"].values():
+        for ex in opts.skip_executors:
+            op["executors"].pop(ex, None)
+    return old
+
+
+def _other_flags(got, expected: dict) -> str | None:
+    if got == expected:
+        return None
+    if not isinstance(got, dict):
+        return "has no quantization fingerprint (not made by this discover)"
+    diff = sorted(k for k in set(got) | set(expected) if got.get(k) != expected.get(k))
+    if "model_sha256" in diff:
+        return "was discovered for another version of the model"
+    return "was discovered with other flags (" + ", ".join(
+        f"{k}: {got.get(k)!r} there, {expected.get(k)!r} now" for k in diff) + ")"
 
 
 def _plan(ctx: Context, layers) -> list:
@@ -271,6 +370,7 @@ def _fill(ctx: Context, layer, entry: dict, why, results) -> None:
     if why in ("skip", "constant"):
         entry.update(executors={}, recommended_executor=None,
                      skipped="--skip-ops" if why == "skip" else "constant: folded at compile time")
+        ctx.done[layer.id] = None
         return
     if why == "test":
         entry["executors"], computed, hits = next(results)
@@ -280,7 +380,9 @@ def _fill(ctx: Context, layer, entry: dict, why, results) -> None:
         src = ctx.report["ops"][why[1]]
         entry["executors"] = {e: dict(r) for e, r in src["executors"].items()}
         entry["duplicate_of"] = why[1]
-    entry["recommended_executor"] = schema.recommend(entry["executors"], ctx.opts.recommend_by_timing)
+    rec = schema.recommend(entry["executors"], ctx.opts.recommend_by_timing)
+    ctx.done[layer.id] = rec
+    entry["recommended_executor"] = store.edited_executor(entry, rec)
 
 
 def _test_executors(opts: DiscoverOptions, layer, tol: dict, calib=None, qkey=None) -> tuple[dict, int, int]:
@@ -289,17 +391,16 @@ def _test_executors(opts: DiscoverOptions, layer, tol: dict, calib=None, qkey=No
     Cache key: the layer's bytes + ``qkey`` (quantization flags and calibration data hash) + the
     rest of the flags that change a result."""
     cache = ResultCache(cache_dir(), opts.recompute_cache)
-    flags = {"quant": qkey, "tol": tol,
-             "timing_runs": opts.timing_runs, "rounding": opts.rounding, "seed": layer_test.SEED}
-    key = cache.key(layer.model.SerializeToString(), flags)
+    key = _layer_key(cache, opts, layer, tol, calib, qkey)
     prepared, results = None, {}
     for ex in [e for e in EXECUTOR_ORDER if e not in opts.skip_executors]:
-        r = cache.get(key, ex)
+        r = cache.get(key, ex, tol)
         if r is None:
             if prepared is None:
-                prepared = layer_test.prepare(layer.model, opts.quant, opts.debug_ir,
-                                              layer_test.safe_name(layer.id), calib)
+                prepared = layer_test.prepare(layer.model, opts.quant, opts.debug_ir, safe_name(layer.id), calib)
             r = layer_test.run_executor(prepared, ex, tol, cache.root, opts.rounding, opts.timing_runs)
+            if r["status"] == "error":
+                layer_test.check_host(cache.root)    # a full disk is the machine's fault, not the layer's
             cache.put(key, ex, r)
         results[ex] = r
         if opts.skip_mode and r["status"] == "success":
@@ -308,6 +409,12 @@ def _test_executors(opts: DiscoverOptions, layer, tol: dict, calib=None, qkey=No
         prepared = prepared or layer_test.prepare(layer.model, opts.quant, None, "layer", calib)
         layer_test.write_repro(Path(opts.repro_dir), layer.id, prepared, results, opts.argv)
     return results, int(prepared is not None), cache.hits
+
+
+def _layer_key(cache: ResultCache, opts: DiscoverOptions, layer, tol: dict, calib=None, qkey=None) -> str:
+    flags = {"quant": qkey, "tol": tol,
+             "timing_runs": opts.timing_runs, "rounding": opts.rounding, "seed": layer_test.SEED}
+    return cache.key(layer.model.SerializeToString(), flags)
 
 
 # ----------------------------------------------------------------------------- CLI
@@ -324,7 +431,8 @@ def register(sub) -> None:
                     "(relative). Exit 0 unless some layer runs on no executor.",
         epilog="example: torq-gen-config discover --model m.onnx --quantize --full-integer --skip-mode")
     add_common_args(p)
-    p.add_argument("--skip-mode", action="store_true", help="stop at the first success per layer (nss, css, host)")
+    p.add_argument("--skip-mode", "--executor-skip-mode", dest="skip_mode", action="store_true",
+                   help="stop at the first success per layer (nss, css, host)")
     p.add_argument("--skip-executors", metavar="LIST", help="comma list of executors never tested, e.g. css,host")
     p.add_argument("--skip-ops", metavar="LIST", help="comma list of ONNX op types to leave unassigned (null)")
     p.add_argument("--dedup-layers", action="store_true",
@@ -335,7 +443,12 @@ def register(sub) -> None:
                    help="recommend the fastest success instead of the first (implies --collect-timing)")
     p.add_argument("--repro-dir", metavar="DIR", help="a self-contained bundle for every layer that is not a success")
     p.add_argument("--jobs", "-j", type=int, default=1, metavar="N",
-                   help="test layers in N worker processes (default 1; results and files are identical)")
+                   help="test layers in N worker processes (default 1; at most one per core and per layer; "
+                        "results and files are identical)")
+    p.add_argument("--fresh", "--force", action="store_true",
+                   help="start a new report (the existing one, even of other flags or damaged, is kept as "
+                        "<report>.json.bak); without it discover merges into the existing report and keeps "
+                        "its edits")
     p.add_argument("--save-bf16-model", metavar="PATH",
                    help="with --auto-convert-bf16: also write the converted bf16 model (ONNX) to PATH")
     p.set_defaults(func=cmd_discover)
@@ -344,11 +457,13 @@ def register(sub) -> None:
 def options_from_args(args) -> DiscoverOptions:
     if args.jobs < 1:
         raise TorqError(f"--jobs must be at least 1 (got {args.jobs})")
+    if args.ray and args.jobs > 1:
+        raise TorqError("--ray and --jobs exclude each other (Ray workers are the jobs)")
+    use_engine(args.engine)
     if args.timing_runs < 1:
         raise TorqError(f"--timing-runs must be at least 1 (got {args.timing_runs})")
-    model = Path(args.model)
-    if not model.is_file():
-        raise TorqError(f"--model {model}: no such file")
+    model = resolve_model(args.model)
+    note_inert_flags(args)
     timing = args.collect_timing or args.recommend_by_timing
     quant = quant_settings(args)
     if args.save_bf16_model and not quant.auto_convert_bf16:
@@ -360,8 +475,8 @@ def options_from_args(args) -> DiscoverOptions:
         dedup=args.dedup_layers, timing_runs=args.timing_runs if timing else 0,
         recommend_by_timing=args.recommend_by_timing, subgraph=(args.subgraph_from, args.subgraph_to),
         recompute_cache=args.recompute_cache, debug_ir=args.debug_ir, repro_dir=args.repro_dir,
-        rounding=args.rounding, argv=getattr(args, "argv", sys.argv[1:]), jobs=args.jobs,
-        save_bf16_model=args.save_bf16_model)
+        rounding=args.rounding, argv=getattr(args, "argv", sys.argv[1:]), jobs=args.jobs, fresh=args.fresh,
+        save_bf16_model=args.save_bf16_model, ray=args.ray)
 
 
 def cmd_discover(args) -> int:

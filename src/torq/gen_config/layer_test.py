@@ -2,14 +2,16 @@
 compare, and turn every failure into a ``failure_report`` with its ``reason_code``."""
 from __future__ import annotations
 
-import re
+import os
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from ..fileio import atomic_write_bytes, atomic_write_text, save_model
+from ..errors import HostProblem
+from ..fileio import atomic_write_bytes, atomic_write_text, inside, safe_name, save_model
+from . import bf16_edges
 from . import executors as X
 from ..graph.inputs import random_inputs
 from .compare import BF16_ABS_TOL_FRAC, compare, dq_output_scales
@@ -46,6 +48,8 @@ def prepare(fp32_layer, quant, debug_ir=None, name="layer", calib=None) -> Prepa
             p.model = fp32_layer if recipe is None else apply(recipe, fp32_layer, reader, wrap_lone_ops=True).model
         else:
             p.model = fp32_layer
+    except HostProblem:
+        raise
     except Exception as e:  # noqa: BLE001
         p.error = X.ExecutorError("quantize_failed", f"per-layer quantization failed: {X.one_line(e)}")
         return p
@@ -99,8 +103,11 @@ def run_executor(p: Prepared, executor: str, tol: dict, cache_dir, rounding="nat
     except X.ExecutorError as e:
         entry["failure_report"] = {"type": "error", "summary": e.summary, "reason_code": e.reason_code}
         return entry
+    explained = None if ok or executor != "nss" else bf16_edges.explain(p.model, p.inputs, outs)
     if ok:
         entry["status"] = "success"
+    elif explained:
+        entry.update(status="success", max_diff=diff, explained=explained["explained"])
     else:
         entry.update(status="difference", max_diff=diff,
                      failure_report={"type": "accuracy_failure", "reason_code": "numeric_mismatch",
@@ -112,23 +119,54 @@ def run_executor(p: Prepared, executor: str, tol: dict, cache_dir, rounding="nat
     return entry
 
 
-def safe_name(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_") or "layer"
+MIN_FREE_BYTES = 64 << 20
+
+
+def check_host(cache_root) -> None:
+    """A HostProblem when the temp folder or the cache is full or not writable: an executor
+    error seen then is the machine's, so it must stop discover instead of becoming a verdict."""
+    import shutil
+    import tempfile
+    temp = Path(os.environ.get("TMPDIR") or tempfile.gettempdir())   # what IREE and ORT use
+    for what, folder in (("the temp folder (TMPDIR)", temp), ("the cache", Path(cache_root))):
+        try:
+            if folder != temp:
+                folder.mkdir(parents=True, exist_ok=True)
+            free = shutil.disk_usage(folder).free
+            with tempfile.TemporaryFile(dir=folder) as f:
+                f.write(b"\0" * 4096)
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as e:
+            raise HostProblem(f"{what} {folder} is not writable ({e.strerror or type(e).__name__}); "
+                              "nothing was cached: fix it and rerun") from None
+        if free < MIN_FREE_BYTES:
+            raise HostProblem(f"{what} {folder} has {free >> 20} MiB free (IREE and ONNX Runtime need "
+                              f"{MIN_FREE_BYTES >> 20} MiB); nothing was cached: free space and rerun")
 
 
 def write_repro(root: Path, layer_id: str, p: Prepared, results: dict, argv: list[str]) -> Path:
-    """A self-contained bundle for a layer that is not a success: ONNX, inputs, IR, command."""
-    d = Path(root) / safe_name(layer_id)
+    """A self-contained bundle for a layer that is not a success: ONNX, inputs, IR, command.
+    Its folder is the layer id through ``safe_name``; a symlink planted there is refused."""
+    try:
+        return _write_repro(root, layer_id, p, results, argv)
+    except OSError as e:
+        raise HostProblem(f"--repro-dir {root}: cannot write the bundle of {layer_id!r}: "
+                          f"{e.strerror or type(e).__name__}") from None
+
+
+def _write_repro(root: Path, layer_id: str, p: Prepared, results: dict, argv: list[str]) -> Path:
+    d = inside(root, safe_name(layer_id))
     if p.model is not None:
-        save_model(p.model, d / "layer.onnx")
+        save_model(p.model, inside(d, "layer.onnx"))
     for name, arr in p.inputs.items():
         import io
         buf = io.BytesIO()
         np.save(buf, arr)
-        atomic_write_bytes(d / "inputs" / f"{safe_name(name)}.npy", buf.getvalue())
+        atomic_write_bytes(inside(d, "inputs", f"{safe_name(name)}.npy"), buf.getvalue())
     if p.compiled is not None:
         for stage, text in p.compiled.stages.items():
-            atomic_write_text(d / "ir" / f"layer.{stage}.mlir", text)
+            atomic_write_text(inside(d, "ir", f"layer.{stage}.mlir"), text)
     lines = [f"# {layer_id}", ""]
     for ex, r in results.items():
         fr = r.get("failure_report", {})
@@ -136,5 +174,5 @@ def write_repro(root: Path, layer_id: str, p: Prepared, results: dict, argv: lis
     lines += ["", "# reproduce the NSS result on this layer:",
               "torq-compile layer.onnx --verify-against-ort", "", "# the discover run that produced it:",
               shlex.join(["torq-gen-config"] + argv)]
-    atomic_write_text(d / "README.txt", "\n".join(lines) + "\n")
+    atomic_write_text(inside(d, "README.txt"), "\n".join(lines) + "\n")
     return d

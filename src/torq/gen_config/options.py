@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import TorqError
-from ..quantize.recipe import DEFAULT, Recipe
+from ..quantize.recipe import RECOMMENDED, Recipe
 from ..quantize.recipe_flags import add_recipe_arguments, quantizer_flags_given, recipe_from_args
 from .executors import EXECUTOR_ORDER
 
@@ -64,18 +65,42 @@ def add_common_args(p, debug_ir_default=None) -> None:
                    help="write the IR of every stage of every compiled layer/segment to DIR (default 'tmp')")
     p.add_argument("--rounding", default="native", choices=("native", "ort"),
                    help="NSS rounding: native (the NPU's) or ort (ONNX Runtime's, bit-exact)")
+    p.add_argument("--engine", choices=("native", "reference"), default=None,
+                   help="NSS simulator engine: native (compiled int8 kernels, the default) or reference "
+                        "(numpy); results are identical")
+    p.add_argument("--ray", nargs="?", const=True, default=None, metavar="ADDRESS",
+                   help="work as Ray tasks: a local instance, or the cluster at ADDRESS (docs/ray.md)")
+    p.add_argument("--log-file", metavar="PATH", help="also write everything printed to PATH (plain text)")
+    r = p.add_argument_group("reference-tool options without effect here (accepted so its scripts run; a note says so)")
+    r.add_argument("--torq-hw", metavar="NAME", help="hardware config of the reference's simulator")
+    r.add_argument("--torq-hw-type", metavar="TYPE", help="sim / hardware runtime of the reference tool")
+    r.add_argument("--compiler-option", action="append", metavar="OPT", help="extra torq-compile option")
+    r.add_argument("--runtime-option", action="append", metavar="OPT", help="extra torq-run-module option")
+    r.add_argument("-v", "--verbose", action="store_true", help="the reference's verbose logging")
     p.add_argument("--auto-convert-bf16", action="store_true",
                    help="convert the fp32 model (and each layer) to bf16, the NPU's float datapath, as the "
                         "reference tool does; every layer is compared with ONNX Runtime fp32")
     p.add_argument("--quantize", action="store_true",
                    help="statically quantize the model (and each layer) to int8 with the recipe below")
-    add_recipe_arguments(p, default=DEFAULT, title="quantization recipe (discover and run must use the same; "
+    add_recipe_arguments(p, title="quantization recipe (discover and run must use the same; "
                          "the fp32 front end applies with or without --quantize)")
+
+
+INERT = ("torq_hw", "torq_hw_type", "compiler_option", "runtime_option", "verbose")
+
+
+def note_inert_flags(args, prog: str = "torq-gen-config") -> None:
+    """One stderr line naming the reference-tool flags given that change nothing here: torq runs
+    its own bit-exact NSS simulator and IREE, not the reference's compiler, runtime or boards."""
+    given = [f"--{k.replace('_', '-')}" for k in INERT if getattr(args, k, None)]
+    if given:
+        print(f"{prog}: note: {', '.join(given)} {'has' if len(given) == 1 else 'have'} no effect here (torq "
+              "simulates the NSS itself and compiles CSS/HOST with IREE)", file=sys.stderr)
 
 
 def quant_settings(args) -> QuantSettings:
     recipe = recipe_from_args(args)
-    flags = quantizer_flags_given(args) + (["--recipe"] if args.recipe != DEFAULT else [])
+    flags = quantizer_flags_given(args) + (["--recipe"] if args.recipe != RECOMMENDED else [])
     if flags and not args.quantize:
         raise TorqError(f"{flags[0]}: quantization flags need --quantize (without it only the fp32 front end applies: "
                         "--fold, --dead-channels)")
@@ -83,6 +108,9 @@ def quant_settings(args) -> QuantSettings:
     if bf16 and args.quantize:
         raise TorqError("--auto-convert-bf16 and --quantize are mutually exclusive: "
                         "the model runs on the NPU in bf16 or in int8")
+    if args.quantize and ("*", "auto") in recipe.precision:
+        from ..quantize.auto_precision import resolve_auto   # measured once; every layer then has its own
+        recipe = resolve_auto(recipe, args.model)
     return QuantSettings(args.quantize, recipe, bf16)
 
 
@@ -92,6 +120,33 @@ def parse_executors(value: str | None, flag: str) -> list[str]:
     if bad:
         raise TorqError(f"{flag}: unknown executor '{bad[0]}'; choose from {', '.join(EXECUTOR_ORDER)}")
     return names
+
+
+def resolve_model(value: str, flag: str = "--model") -> Path:
+    """The ONNX file behind ``--model``: a file, or a folder holding exactly one ``.onnx``."""
+    path = Path(value)
+    if path.is_dir():
+        found = sorted(path.glob("*.onnx"))
+        if len(found) == 1:
+            return found[0]
+        names = ", ".join(p.name for p in found[:4]) + (" ..." if len(found) > 4 else "")
+        raise TorqError(f"{flag} {path} is a folder with {len(found)} .onnx files"
+                        + (f" ({names}); pass one of them" if found else "; pass the model file"))
+    if not path.is_file():
+        raise TorqError(f"{flag} {path}: no such file")
+    return path
+
+
+def quant_from_fingerprint(fp: dict | None) -> QuantSettings:
+    """The settings a report / compiler JSON was made with (fp32 for a reference-tool JSON), for
+    mapping layer ids to locations: which ops exist does not depend on the calibration data, so
+    the fingerprint's file name (not a path) is dropped."""
+    if not fp:
+        return QuantSettings()
+    from dataclasses import fields
+    names = {f.name for f in fields(Recipe)} - {"calibration_data"}
+    recipe = Recipe.from_dict({k: v for k, v in fp.items() if k in names})
+    return QuantSettings(bool(fp.get("quantize")), recipe, bool(fp.get("auto_convert_bf16")))
 
 
 def cache_dir() -> Path:
@@ -109,3 +164,9 @@ def check_output_dir(out: Path) -> None:
         raise TorqError(f"--output-dir {out}: cannot create: {e.strerror}") from None
     if not os.access(out, os.W_OK):
         raise TorqError(f"--output-dir {out}: not writable")
+
+
+def use_engine(engine: str | None) -> None:
+    """--engine: the NSS engine of this process and of every worker it starts (TORQ_ENGINE)."""
+    if engine:
+        os.environ["TORQ_ENGINE"] = engine

@@ -8,6 +8,7 @@ Out of tolerance, it names the first layer whose output diverges.
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,10 +18,10 @@ import numpy as np
 from ..errors import TorqError
 from ..graph.inputs import random_inputs
 from . import executors as X
-from . import mapping, partition, schema
+from . import mapping, partition, schema, store
 from .discover import model_and_layers
 from .compare import BF16_RUN_TOL_FRAC, float_metrics
-from .options import QuantSettings, add_common_args, cache_dir, quant_settings
+from .options import QuantSettings, add_common_args, cache_dir, quant_settings, use_engine
 
 DEFAULT_TOL_LSB = 5
 
@@ -37,38 +38,115 @@ class RunOptions:
     seed: int = 0
     recompute_cache: bool = False
     tolerance_frac: float = BF16_RUN_TOL_FRAC
+    ray: object = None          # --ray: compile the segments as Ray tasks first
 
 
-def check_fingerprint(report: dict, expected: dict, path: Path) -> None:
-    got = report.get("quantization")
+_SHOW = {True: "on", False: "off", None: "none"}
+
+
+def _flag(key: str) -> str:
+    """The command-line flag behind a fingerprint key (a Recipe field: its flag)."""
+    from ..quantize.recipe_flags import FLAGS
+    if key in FLAGS:
+        return FLAGS[key][0][0]
+    return {"calibration_sha256": "--calibration-data (contents)", "recipe_fingerprint": "--recipe"}.get(
+        key, "--" + key.replace("_", "-"))
+
+
+def fingerprint_mismatch(got: dict | None, expected: dict, name: str, limit: int = 240) -> str | None:
+    """One line (at most ``limit`` characters) naming the flags that differ, or None."""
     if got is None:
-        return  # a reference-tool JSON: nothing to check against (we say so in the CLI output)
-    diff = sorted(k for k in set(got) | set(expected) if got.get(k) != expected.get(k))
-    if diff:
-        what = ", ".join(f"{k}: report {got.get(k)!r} vs now {expected.get(k)!r}" for k in diff if k != "model_sha256")
-        if "model_sha256" in diff:
-            what = "the model file changed" + (f"; {what}" if what else "")
-        raise TorqError(f"{path} was discovered with different quantization ({what}); rerun discover "
-                        "with the same flags, or run with the flags discover used")
+        return None      # a reference-tool JSON: nothing to check against (the CLI says so)
+    diff = [k for k in sorted(set(got) | set(expected)) if got.get(k) != expected.get(k)]
+    if len(diff) > 1:
+        diff = [k for k in diff if k != "recipe_fingerprint"]    # the hash of the fields named
+    if not diff:
+        return None
+    parts = ["the model file changed" if k == "model_sha256" else
+             f"{_flag(k)} {_SHOW.get(got.get(k), got.get(k))} -> {_SHOW.get(expected.get(k), expected.get(k))}"
+             for k in diff]
+    head, tail = f"{name} was discovered with different quantization flags: ", "; rerun discover, or run with its flags"
+    shown = []
+    for i, part in enumerate(parts):
+        more = f" (+{len(parts) - i - 1} more)" if i < len(parts) - 1 else ""
+        if len(head + ", ".join(shown + [part]) + more + tail) > limit:
+            shown.append(f"+{len(parts) - i} more")
+            break
+        shown.append(part)
+    return (head + ", ".join(shown) + tail)[:limit]
 
 
-def assign(report: dict, layers, locations) -> dict[int, str]:
-    """Re-align report layers to this model's MLIR, update mlir_location; node index -> executor."""
-    ids = [lay.id for lay in layers]
-    known = [i for i in ids if i in report["ops"]]
-    if report["ops"] and not known:
+def check_fingerprint(got: dict | None, expected: dict, path: Path) -> None:
+    msg = fingerprint_mismatch(got, expected, path.name)
+    if msg:
+        raise TorqError(msg)
+
+
+@dataclass
+class MapSource:
+    """Where the executor map comes from: the report (re-derived), or the compiler JSON alone."""
+    path: Path
+    report: dict | None = None
+    compiler: dict | None = None
+
+    @property
+    def fingerprint(self):
+        return (self.report if self.report is not None else self.compiler).get("quantization")
+
+
+def load_map(out_dir: Path, stem: str, suffix: str) -> MapSource:
+    found = schema.find_report(out_dir, stem, suffix)
+    if found is not None:
+        return MapSource(found, report=schema.load(found))
+    comp = schema.compiler_path(schema.report_path(out_dir, stem, suffix))
+    if comp.exists():
+        from . import compiler_json
+        return MapSource(comp, compiler=compiler_json.load(comp))
+    raise TorqError(f"{schema.report_path(out_dir, stem, suffix)}: no such report (and no compiler JSON "
+                    f"{comp.name}); run 'torq-gen-config discover' first")
+
+
+def relocate(report: dict, layers, places) -> None:
+    """Re-align report layers to this model's MLIR: update their ``mlir_location``."""
+    if report["ops"] and not any(lay.id in report["ops"] for lay in layers):
         raise TorqError("the report's layers do not match this model's (no common layer id): "
                         "was it discovered for another model?")
-    places = mapping.map_layers([lay.op_type for lay in layers], locations)
     for lay, (_, loc) in zip(layers, places):
         if lay.id in report["ops"]:
             report["ops"][lay.id]["mlir_location"] = loc or lay.op_type
-    by_loc = {loc: j for j, (_, loc) in enumerate(locations)}
-    out = {}
-    for loc, a in schema.compiler_config(report)["op_assignments"].items():
-        if loc in by_loc:
-            out[by_loc[loc]] = a["executor"]
+
+
+def per_layer(layers, places, assignments: dict) -> list[tuple[str, str, str]]:
+    """(layer id, executor, location) of every layer: its assignment, ``nss`` by default (as the
+    compiler does for an op without one), ``fused`` when the op has no location of its own."""
+    out = []
+    for lay, (_, loc) in zip(layers, places):
+        ex = assignments.get(loc, {}).get("executor", "nss (default)") if loc else "fused"
+        out.append((lay.id, ex, loc or "-"))
     return out
+
+
+def layer_locations(model: Path, fingerprint: dict | None) -> dict[str, str | None]:
+    """Layer id -> LINE:COL in the (quantized) full model, for editing a compiler JSON by id."""
+    from .discover import locations
+    from .options import quant_from_fingerprint
+    layers, _, q = model_and_layers(model, quant_from_fingerprint(fingerprint))
+    places = mapping.map_layers([lay.op_type for lay in layers], locations(q))
+    return {lay.id: loc for lay, (_, loc) in zip(layers, places)}
+
+
+def coverage_note(report: dict, layers) -> str | None:
+    """What ``run`` says when the report does not describe exactly this model's layers."""
+    ids = {lay.id for lay in layers}
+    missing = [lay.id for lay in layers if lay.id not in report["ops"]]
+    ghosts = [i for i in report["ops"] if i not in ids]
+    parts = []
+    if missing and report["ops"]:
+        parts.append(f"the report has {len(ids) - len(missing)} of {len(ids)} layers (the {len(missing)} "
+                     f"missing, e.g. {missing[0]!r}, run on the NSS; was discover interrupted?)")
+    if ghosts:
+        parts.append(f"{len(ghosts)} op id(s) are not layers of this model and are ignored (e.g. {ghosts[0]!r})")
+    return "; ".join(parts) or None
 
 
 def execute(c, segs, inputs: dict, opts: RunOptions, stem: str, log=None) -> tuple[dict, list]:
@@ -89,6 +167,44 @@ def execute(c, segs, inputs: dict, opts: RunOptions, stem: str, log=None) -> tup
         if log:
             log(i + 1, len(segs), f"segment {i} on {seg.executor}")
     return tensors, timings
+
+
+def precompile(c, segs, opts: RunOptions, log=None) -> None:
+    """``--ray``: compile every segment (NSS program / IREE module) as a Ray task, side by side,
+    and put what each task built into this process's cache, where ``execute`` then finds it."""
+    from .. import cluster
+    from ..fileio import atomic_write_bytes
+    from ..graph import extract_chain
+    built = [(seg, m) for seg, m in zip(segs, extract_chain(c, [seg.nodes for seg in segs])) if m is not None]
+    work = [(str(cache_dir()), os.environ.get("TORQ_ENGINE"), m.SerializeToString(), seg.executor, opts)
+            for seg, m in built]
+    root = cache_dir()
+    for i, files in enumerate(cluster.ordered(compile_segment, work, opts.ray)):
+        for rel, data in files:
+            if not (root / rel).exists():
+                atomic_write_bytes(root / rel, data)
+        if log:
+            log(i + 1, len(built), f"compiled segment {i} ({built[i][0].executor})")
+
+
+def compile_segment(cache_root: str, engine, model_bytes: bytes, executor: str, opts: RunOptions) -> list:
+    """A Ray task: build one segment's runnable against ``cache_root``; [(cache-relative path,
+    bytes)] of the artifact it compiled ([] when it does not compile: ``execute`` reports that)."""
+    import onnx
+    from .executors import iree, nss
+    os.environ["TORQ_GEN_CONFIG_CACHE_DIR"] = cache_root
+    if engine:
+        os.environ["TORQ_ENGINE"] = engine
+    model = onnx.load_from_string(model_bytes)
+    try:
+        segment_runnable(model, executor, opts)
+        if executor == "nss":
+            path = nss.program_path(model, cache_dir())
+        else:
+            path = iree.vmfb_path(X.frontend(model).ir("linalg"), iree.BACKENDS[executor], cache_dir())
+        return [(str(path.relative_to(cache_dir())), path.read_bytes())]
+    except (X.ExecutorError, OSError, TorqError):
+        return []
 
 
 def segment_runnable(model, executor: str, opts: RunOptions, name: str | None = None):
@@ -186,23 +302,47 @@ def fp32_model(opts: RunOptions):
 
 
 def run_full(opts: RunOptions, log=None) -> tuple[dict, Path]:
+    """Run the whole model with its executor map; returns (report or compiler JSON, its path).
+    The metrics go to ``full_model_metrics`` (written back only into a report, under its lock)."""
+    from ..progress import stage
+    with stage("run: cutting and quantizing the model"):
+        layers, suffix, q = model_and_layers(opts.model, opts.quant, opts.subgraph)
+    src = load_map(opts.output_dir, opts.model.stem, suffix)   # none, or a damaged one: said first
+    if src.report is None:
+        return _run(opts, layers, q, src, log)
+    with store.session(src.path, "run", exclusive=False):
+        src.report = schema.load(src.path)
+        return _run(opts, layers, q, src, log)
+
+
+def _run(opts: RunOptions, layers, q, src: MapSource, log) -> tuple[dict, Path]:
     from ..compiler.pipeline import import_graph
     from ..progress import stage
     from .. import reference
-    with stage("run: cutting and quantizing the model"):
-        layers, suffix, q = model_and_layers(opts.model, opts.quant, opts.subgraph)
-    path = schema.report_path(opts.output_dir, opts.model.stem, suffix)
-    report = schema.load(path)
-    check_fingerprint(report, opts.quant.fingerprint(opts.model), path)
+    check_fingerprint(src.fingerprint, opts.quant.fingerprint(opts.model), src.path)
     with stage("run: importing the whole model"):
         c = import_graph(q)                      # node k <-> the full model's k-th torch.operator
         full = X.frontend(q, debug_ir=opts.debug_ir, name=opts.model.stem)
-    executor_of = assign(report, layers, full.operator_locations)
-    schema.save(report, path)                    # re-derived locations + compiler JSON
+    places = mapping.map_layers([lay.op_type for lay in layers], full.operator_locations)
+    report, note = src.report, None
+    if report is not None:
+        relocate(report, layers, places)
+        mine = {"ops": {lay.id: report["ops"][lay.id] for lay in layers if lay.id in report["ops"]}}
+        assignments = schema.compiler_config(mine)["op_assignments"]   # another model's ids decide nothing
+        note = coverage_note(report, layers)
+        locs = {lid: op["mlir_location"] for lid, op in report["ops"].items() if "mlir_location" in op}
+        used_map = store.map_digest(report)
+        store.update(src.path, lambda disk: _with_locations(disk or report, locs), keep_compiler_extras=True)
+    else:
+        assignments = src.compiler["op_assignments"]
+    by_loc = {loc: j for j, (_, loc) in enumerate(full.operator_locations)}
+    executor_of = {by_loc[loc]: a["executor"] for loc, a in assignments.items() if loc in by_loc}
     segs = partition.segments(c_nodes(c), executor_of)
     bf16 = opts.quant.auto_convert_bf16
     ref_model = fp32_model(opts) if bf16 else q   # bf16: compared with the fp32 model itself
     inputs = random_inputs(ref_model, opts.seed)
+    if opts.ray:
+        precompile(c, segs, opts, log)
     t0 = time.perf_counter()
     tensors, timings = execute(c, segs, inputs, opts, opts.model.stem, log)
     wall = time.perf_counter() - t0
@@ -212,14 +352,33 @@ def run_full(opts: RunOptions, log=None) -> tuple[dict, Path]:
     m = float_metrics(ours, ref, opts.tolerance_frac) if bf16 else metrics(c, ours, ref, opts.tolerance_lsb)
     m.update(rounding=opts.rounding, segments=timings, seed=opts.seed, run_s=round(wall, 3),
              executor_nodes={e: sum(len(s.groups) for s in segs if s.executor == e) for e in X.EXECUTOR_ORDER})
+    rows = per_layer(layers, places, assignments)
     if not m["passed"] and not bf16:
-        by_loc = {op.get("mlir_location"): lid for lid, op in report["ops"].items()}
-        names = {j: by_loc.get(loc, f"{op}@{loc}") for j, (op, loc) in enumerate(full.operator_locations)}
+        ids = {loc: lay_id for lay_id, _, loc in rows}
+        names = {j: ids.get(loc, f"{op}@{loc}") for j, (op, loc) in enumerate(full.operator_locations)}
         with stage("run: locating the first diverging layer"):
             m["first_divergence"] = locate_divergence(c, segs, inputs, opts, names, opts.tolerance_lsb)
-    report["full_model_metrics"] = m
-    schema.save(report, path)
-    return report, path
+    if report is None:
+        return dict(src.compiler, full_model_metrics=dict(m, layers=rows)), src.path
+    m["executor_map_sha256"] = used_map
+    if note:
+        m["warning"] = note
+
+    def with_metrics(disk):
+        out = _with_locations(disk or report, locs)
+        out["full_model_metrics"] = m            # stale (store) if the map changed meanwhile
+        schema.summarize(out)
+        return out
+    out = store.update(src.path, with_metrics, keep_compiler_extras=True)
+    out["full_model_metrics"] = dict(out["full_model_metrics"], layers=rows)   # printed, not stored
+    return out, src.path
+
+
+def _with_locations(report: dict, locs: dict) -> dict:
+    for lid, loc in locs.items():
+        if lid in report["ops"]:
+            report["ops"][lid]["mlir_location"] = loc
+    return report
 
 
 def register(sub) -> None:
@@ -241,28 +400,38 @@ def register(sub) -> None:
 
 
 def cmd_run(args) -> int:
+    from .options import note_inert_flags, resolve_model
     from .progress import layer_progress
-    model = Path(args.model)
-    if not model.is_file():
-        raise TorqError(f"--model {model}: no such file")
+    model = resolve_model(args.model)
+    note_inert_flags(args)
     if not args.tolerance_lsb >= 0:
         raise TorqError(f"--tolerance-lsb must be non-negative (got {args.tolerance_lsb})")
     if not 0 <= args.tolerance_frac <= 1:
         raise TorqError(f"--tolerance-frac must be in [0, 1] (got {args.tolerance_frac})")
+    use_engine(args.engine)
     opts = RunOptions(model, Path(args.output_dir), quant_settings(args), (args.subgraph_from, args.subgraph_to),
                       args.debug_ir, args.rounding, args.tolerance_lsb, args.seed, args.recompute_cache,
-                      args.tolerance_frac)
+                      args.tolerance_frac, args.ray)
     with layer_progress("run", "segments") as bar:
         report, path = run_full(opts, bar)
     if "quantization" not in report:
-        print("run: note: the report has no quantization fingerprint (reference tool JSON); flags not checked")
+        print(f"run: note: {path.name} has no quantization fingerprint (reference tool JSON); flags not checked")
+    if "ops" not in report:
+        print(f"run: using the compiler JSON alone: {path}")
     m = report["full_model_metrics"]
+    print_layers(m["layers"])
+    if m.get("warning"):
+        print(f"run: warning: {m['warning']}")
+    if m.get("stale"):
+        print("run: note: the executor map changed while run worked (an edit or a discover); these "
+              "figures are for the map run used: run again for the new one")
     segs = ", ".join(f"{s['executor']} ({s['layers']} layers, {s['runtime_ms']:.1f} ms)" for s in m["segments"])
     print(f"run: {len(m['segments'])} segment(s): {segs}")
-    from .view import layer_counts
-    c = layer_counts(report)
-    print(f"run: discover's {c['layers']} layers = {c['ops']} ops of their own + {c['fused']} fused into the op "
-          f"before them (e.g. Relu into Conv) + {c['folded']} folded constants")
+    if "ops" in report:
+        from .view import layer_counts
+        c = layer_counts(report)
+        print(f"run: discover's {c['layers']} layers = {c['ops']} ops of their own + {c['fused']} fused into the op "
+              f"before them (e.g. Relu into Conv) + {c['folded']} folded constants")
     if opts.quant.auto_convert_bf16:
         return _print_float(m, path)
     for name, o in m["outputs"].items():
@@ -277,6 +446,14 @@ def cmd_run(args) -> int:
     where = f"; first diverging layer: {d['layer_id']} on {d['executor']} ({d['max_abs_lsb']:g} LSB at {d['tensor']})" if d else ""
     print(f"run: FAIL: max |Δ| {m['max_abs_lsb']:g} LSB > {m['tolerance_lsb']:g}{where}")
     return 1
+
+
+def print_layers(rows) -> None:
+    """One line per layer: id, executor, location (the reference prints the executor per layer)."""
+    width = max((len(r[0][:60]) for r in rows), default=5)
+    print(f"run: executor per layer ({len(rows)} layers):")
+    for lid, ex, loc in rows:
+        print(f"  {lid[:60]:<{width}}  {ex:<14} {loc}")
 
 
 def _print_float(m: dict, path) -> int:

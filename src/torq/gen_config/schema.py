@@ -14,10 +14,10 @@ from pathlib import Path
 from ..errors import TorqError
 from ..fileio import atomic_write_json
 from .executors import EXECUTOR_ORDER
+from .report_check import STATUSES, report_problem
 
 VERSION = "1.1"
 DEFAULT_TOLERANCE = {"fp_avg_tol": 0.01, "fp_max_tol": 0.01}
-STATUSES = ("success", "difference", "error")
 _LOC = re.compile(r"^\d+:\d+$")
 
 
@@ -27,6 +27,30 @@ def report_path(out_dir, stem: str, suffix: str = "") -> Path:
 
 def compiler_path(report: Path) -> Path:
     return report.with_name(report.stem + "_compiler.json")
+
+
+def is_location(loc) -> bool:
+    """``LINE:COL`` of a torch.operator (anything else -- an op type -- is not in the compiler JSON)."""
+    return isinstance(loc, str) and bool(_LOC.match(loc))
+
+
+def find_report(out_dir, stem: str, suffix: str = "") -> Path | None:
+    """``torq_gen_config_<stem><suffix>.json``, else the one report in ``out_dir`` whose
+    ``model_name`` is ``stem`` (the reference names a quantized discovery ``..._quant.json``)."""
+    exact = report_path(out_dir, stem, suffix)
+    if exact.exists() or suffix:
+        return exact if exact.exists() else None
+    hits = []
+    for p in sorted(Path(out_dir).glob(f"torq_gen_config_{stem}*.json")):
+        if p.stem.endswith(("_compiler", "_mac_debug")):
+            continue
+        try:
+            data = json.loads(p.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict) and "ops" in data and data.get("model_name") == stem:
+            hits.append(p)
+    return hits[0] if len(hits) == 1 else None
 
 
 def new_report(stem: str, quantization: dict) -> dict:
@@ -51,26 +75,29 @@ def recommend(executors: dict, by_timing: bool = False) -> str | None:
 
 
 def tolerance(report: dict, layer_id: str) -> dict:
-    """First executor entry with tolerance_used, else the op's, else default_tolerance."""
+    """The op's edited tolerance, else the first executor entry with tolerance_used, else the
+    op's, else default_tolerance."""
     op = report["ops"].get(layer_id, {})
+    edit = op.get("edit") or {}
+    if "tolerance" in edit:
+        return edit["tolerance"]
     for e in op.get("executors", {}).values():
         if "tolerance_used" in e:
             return e["tolerance_used"]
     return op.get("tolerance_used") or report.get("default_tolerance", DEFAULT_TOLERANCE)
 
 
-def is_location(value) -> bool:
-    """A "LINE:COL" MLIR location (not an op type standing in for a fused layer)."""
-    return isinstance(value, str) and bool(_LOC.match(value))
-
-
 def compiler_config(report: dict) -> dict:
-    """``op_assignments`` for every op with a LINE:COL location and a recommended executor."""
-    assign = {}
+    """``op_assignments`` for every op with a LINE:COL location and a recommended executor (when
+    two ops claim one location, the first one's: ``run`` re-derives the locations of this
+    model's layers, and discover lists them first)."""
+    assign, claimed = {}, set()
     for op in report["ops"].values():
         loc, ex = op.get("mlir_location"), op.get("recommended_executor")
-        if isinstance(loc, str) and _LOC.match(loc) and ex:
-            assign[loc] = {"executor": ex}
+        if is_location(loc) and loc not in claimed:
+            claimed.add(loc)
+            if ex:
+                assign[loc] = {"executor": ex}
     out = {"op_assignments": assign, "model_name": report.get("model_name", "")}
     if "quantization" in report:
         out["quantization"] = report["quantization"]
@@ -78,55 +105,49 @@ def compiler_config(report: dict) -> dict:
 
 
 def summarize(report: dict) -> None:
-    """Recompute discovery_report, has_critical_failures and final_report_text from ``ops``."""
+    """Recompute discovery_report, has_critical_failures and final_report_text from ``ops``.
+
+    As the reference tool: ``status_counts`` over every executor result, ``executor_counts`` =
+    the first executor (nss -> css -> host) that succeeded per layer. Ours in addition:
+    ``recommended_counts`` (what the compiler JSON assigns, edits included) and ``macs``."""
+    from . import report_text as T
     ops = report["ops"]
-    status_counts = {s: 0 for s in STATUSES}
-    exec_counts = {e: 0 for e in EXECUTOR_ORDER}
-    timing: dict[str, list] = {}
-    critical = []
-    for lid, op in ops.items():
-        for ex, r in op.get("executors", {}).items():
-            status_counts[r.get("status", "error")] = status_counts.get(r.get("status", "error"), 0) + 1
-            if "timing" in r:
-                timing.setdefault(ex, []).append(r["timing"]["runtime_ms"])
-        rec = op.get("recommended_executor")
-        if rec in exec_counts:
-            exec_counts[rec] += 1
-        execs = op.get("executors", {})
-        if execs and all(r.get("status") == "error" for r in execs.values()):
-            critical.append({"layer_id": lid, "node_index": op.get("_node_index"),
-                             "mlir_location": op.get("mlir_location"),
-                             "error_details": {e: {"status": r["status"], "report": r.get("failure_report", {})}
-                                               for e, r in execs.items()}})
-    summary = {"total_layers": len(ops), "status_counts": status_counts, "executor_counts": exec_counts}
+    c = T.counts(ops)
+    summary = {"total_layers": len(ops), "status_counts": c["status_counts"],
+               "executor_counts": c["executor_counts"], "recommended_counts": c["recommended_counts"]}
+    timing = T.timing_summary(ops)
     if timing:
-        summary["timing_summary"] = {e: {"avg_ms": round(sum(v) / len(v), 3), "min_ms": round(min(v), 3),
-                                         "max_ms": round(max(v), 3), "samples": len(v)} for e, v in timing.items()}
+        summary["timing_summary"] = timing
+    share = T.mac_share(ops)
+    if share:
+        summary["macs"] = share
+    critical = []
+    for lid in c["critical"]:
+        op = ops[lid]
+        critical.append({"layer_id": lid, "node_index": op.get("_node_index"),
+                         "mlir_location": op.get("mlir_location"),
+                         "error_details": {e: {"status": r["status"], "report": r.get("failure_report", {})}
+                                           for e, r in op["executors"].items()}})
+    old = (report.get("discovery_report") or {}).get("summary") or {}
+    summary.update({k: old[k] for k in ("computed", "from_cache") if k in old})
     report["discovery_report"] = {"summary": summary, "critical_failures": critical}
     report["has_critical_failures"] = bool(critical)
-    report["final_report_text"] = final_text(report)
+    report["final_report_text"] = T.final_text(report)
 
 
-def final_text(report: dict) -> str:
-    s = report["discovery_report"]["summary"]
-    lines = ["FINAL EXECUTOR DISCOVERY REPORT", "=" * 31, f"Model: {report.get('model_name')}",
-             f"Total layers: {s['total_layers']}",
-             "Recommended executors: " + ", ".join(f"{e}={n}" for e, n in s["executor_counts"].items()),
-             "Statuses: " + ", ".join(f"{k}={v}" for k, v in s["status_counts"].items())]
-    unassigned = [lid for lid, op in report["ops"].items() if not op.get("recommended_executor")]
-    if unassigned:
-        lines.append(f"No executor ({len(unassigned)}): " + ", ".join(unassigned[:20])
-                     + (" ..." if len(unassigned) > 20 else ""))
-    for c in report["discovery_report"]["critical_failures"]:
-        lines.append(f"CRITICAL {c['layer_id']}: " + "; ".join(
-            f"{e}: {d['report'].get('summary', '')[:120]}" for e, d in c["error_details"].items()))
-    return "\n".join(lines)
-
-
-def save(report: dict, path: Path) -> None:
-    """Report and its compiler JSON, each written atomically."""
+def save(report: dict, path: Path, keep_compiler_extras: bool = False) -> None:
+    """Report and its compiler JSON, each written atomically. ``keep_compiler_extras``: keys of
+    the existing compiler JSON that we do not write (the reference's ``tolerance``) stay."""
     atomic_write_json(path, report)
-    atomic_write_json(compiler_path(path), compiler_config(report))
+    comp = compiler_config(report)
+    if keep_compiler_extras and compiler_path(path).exists():
+        try:
+            old = json.loads(compiler_path(path).read_text())
+        except (OSError, ValueError):
+            old = {}
+        for k, v in (old.items() if isinstance(old, dict) else ()):
+            comp.setdefault(k, v)
+    atomic_write_json(compiler_path(path), comp)
 
 
 def load(path: str | Path) -> dict:
@@ -140,6 +161,8 @@ def load(path: str | Path) -> dict:
         raise TorqError(f"{path}: cannot read: {e}") from None
     except json.JSONDecodeError as e:
         raise TorqError(f"{path}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+    except (ValueError, RecursionError) as e:   # a 5,000-digit integer, 100,000 nested arrays
+        raise TorqError(f"{path}: not a usable JSON report ({type(e).__name__}: {str(e)[:80]})") from None
     if not isinstance(data, dict):
         raise TorqError(f"{path}: not a torq-gen-config report (top level is not an object)")
     if "ops" not in data:
@@ -147,18 +170,9 @@ def load(path: str | Path) -> dict:
         raise TorqError(f"{path}: not a torq-gen-config report: no 'ops'{hint}")
     if not isinstance(data["ops"], dict):
         raise TorqError(f"{path}: 'ops' must be an object keyed by layer id")
-    for lid, op in data["ops"].items():
-        if not isinstance(op, dict) or not isinstance(op.get("executors", {}), dict):
-            raise TorqError(f"{path}: ops['{lid}'] must be an object with an 'executors' object")
-        rec = op.get("recommended_executor")
-        if rec is not None and rec not in EXECUTOR_ORDER:
-            raise TorqError(f"{path}: ops['{lid}'].recommended_executor is '{rec}'; "
-                            f"expected one of {', '.join(EXECUTOR_ORDER)} or null")
-        for ex, r in op.get("executors", {}).items():
-            if ex not in EXECUTOR_ORDER or not isinstance(r, dict) or r.get("status") not in STATUSES:
-                raise TorqError(f"{path}: ops['{lid}'].executors['{ex}'] is not a valid result "
-                                f"(executor one of {', '.join(EXECUTOR_ORDER)}, status one of "
-                                f"{', '.join(STATUSES)})")
+    why = report_problem(data)
+    if why:
+        raise TorqError(f"{path}: not a valid torq-gen-config report: {why}")
     data.setdefault("default_tolerance", dict(DEFAULT_TOLERANCE))
     data.setdefault("model_name", path.stem.removeprefix("torq_gen_config_"))
     return data

@@ -1,15 +1,21 @@
 """``torq-gen-config view``: the report as a table (layers x executors), one layer's detail, or
-one self-contained HTML page (``--html``) with the failure reasons and run's LSB histogram."""
+one self-contained HTML page (``--html``) with the failure reasons and run's LSB histogram.
+
+The text around the table follows the reference tool's viewer (``MODEL:``, ``STATUS COUNTS:``,
+``TIMING SUMMARY``, ``LAYER:``, ``Executor Results:``); a compiler JSON alone is shown as its
+assignments. Reference reports (no fingerprint, no reason codes) are shown as they are."""
 from __future__ import annotations
 
 import argparse
 import html
 import json
+import sys
 from pathlib import Path
 
 from ..errors import TorqError
-from ..fileio import atomic_write_text
-from . import schema
+from ..fileio import atomic_write_text, refuse_overwrite
+from . import compiler_json, schema
+from . import report_text as T
 from .executors import EXECUTOR_ORDER, REASON_CODES
 
 _STYLE = {"success": "green", "difference": "yellow", "error": "red"}
@@ -48,33 +54,39 @@ def _folded_note(report: dict, show_all: bool) -> str:
 
 def print_table(report: dict, console=None, show_all: bool = False) -> None:
     """Layers x executors; layer ids whole (a pipe gets the table's full width, ids copy into
-    ``edit``); folded constants counted apart unless ``show_all``."""
-    import sys
-
+    ``edit``); folded constants counted apart unless ``show_all``. Names from the model are data:
+    escaped, never read as rich markup."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
     console = console or Console(width=None if sys.stdout.isatty() else 100_000)
-    t = Table(title=f"executor map: {report.get('model_name')}")
-    for col in ("#", "layer", *EXECUTOR_ORDER, "recommended", "location"):
+    t = Table(title=f"executor map: {escape(str(report.get('model_name')))}")
+    mixed = any(op.get("precision", "int8") != "int8" for op in report["ops"].values())   # int16 layers
+    for col in ("#", "layer", *(("precision",) if mixed else ()), *EXECUTOR_ORDER, "recommended", "location"):
         t.add_column(col, overflow="fold")
     for lid, op in report["ops"].items():
         if folded(op) and not show_all:
             continue
         ex = op.get("executors", {})
-        cells = [f"[{_STYLE[ex[e]['status']]}]{_cell(ex[e])}[/]" if e in ex else "-" for e in EXECUTOR_ORDER]
+        cells = [f"[{_STYLE[ex[e]['status']]}]{escape(_cell(ex[e]))}[/]" if e in ex else "-" for e in EXECUTOR_ORDER]
         rec = op.get("recommended_executor") or "[red]null[/]"
-        t.add_row(str(op.get("_orig_index", "")), lid, *cells, rec, str(op.get("mlir_location", "")))
+        if "executor" in (op.get("edit") or {}):
+            rec += " (edited)"
+        prec = (escape(str(op.get("precision", "-"))),) if mixed else ()
+        t.add_row(escape(str(T.node_index(op))), escape(lid), *prec, *cells, rec,
+                  escape(str(op.get("mlir_location", ""))))
     console.print(t)
     if _folded_note(report, show_all):
         console.print(_folded_note(report, show_all))
-    s = report.get("discovery_report", {}).get("summary", {})
-    if s:
-        n_folded = sum(1 for op in report["ops"].values() if folded(op))
-        console.print("recommended: " + ", ".join(f"{e} {n}" for e, n in s.get("executor_counts", {}).items())
-                      + f" of {s.get('total_layers', 0) - n_folded} layers" + (f" (+ {n_folded} folded)" if n_folded else ""))
+    c = T.counts(report["ops"])
+    n_folded = sum(1 for op in report["ops"].values() if folded(op))
+    console.print("recommended: " + ", ".join(f"{e} {n}" for e, n in c["recommended_counts"].items())
+                  + f" of {len(report['ops']) - n_folded} layers" + (f" (+ {n_folded} folded)" if n_folded else ""))
     m = report.get("full_model_metrics")
     if m:
-        console.print(f"full model (run): max |Δ| {m.get('max_abs_lsb')} LSB, within tolerance: {m.get('passed')}")
+        stale = " (stale: the map changed since; run again)" if m.get("stale") else ""
+        console.print(escape(f"full model (run): max |Δ| {m.get('max_abs_lsb')} LSB, "
+                             f"within tolerance: {m.get('passed')}{stale}"))
 
 
 def find_layer(report: dict, name: str) -> str:
@@ -90,14 +102,7 @@ def find_layer(report: dict, name: str) -> str:
 
 def layer_detail(report: dict, name: str) -> str:
     lid = find_layer(report, name)
-    op = report["ops"][lid]
-    lines = [f"{lid}: recommended {op.get('recommended_executor')}, location {op.get('mlir_location')}, "
-             f"node {op.get('_orig_index')}" + (f", duplicate of {op['duplicate_of']}" if "duplicate_of" in op else "")]
-    for ex, r in op.get("executors", {}).items():
-        fr = r.get("failure_report")
-        why = f" [{fr.get('reason_code')}] {fr.get('summary')}" if fr else ""
-        lines.append(f"  {ex}: {r['status']}{why}")
-    return "\n".join(lines)
+    return "\n".join(T.layer_lines(lid, report["ops"][lid]))
 
 
 def html_page(report: dict, show_all: bool = False) -> str:
@@ -115,16 +120,18 @@ def html_page(report: dict, show_all: bool = False) -> str:
                 cells.append("<td>-</td>")
                 continue
             fr = r.get("failure_report", {})
-            why = f"<div class='why'>[{html.escape(str(fr.get('reason_code', '')))}] " \
-                  f"{html.escape(str(fr.get('summary', '')))}</div>" if fr else ""
+            code = f"[{html.escape(fr['reason_code'])}] " if fr.get("reason_code") else ""
+            why = f"<div class='why'>{code}{html.escape(str(fr.get('summary', '')))}</div>" if fr else ""
             cells.append(f"<td class='{r['status']}' style='background:{colour[r['status']]}'>"
                          f"{html.escape(_cell(r))}{why}</td>")
-        rows.append(f"<tr><td>{op.get('_orig_index', '')}</td><td>{html.escape(lid)}</td>{''.join(cells)}"
+        rows.append(f"<tr><td>{html.escape(str(T.node_index(op)))}</td><td>{html.escape(lid)}</td>"
+                    f"{''.join(cells)}"
                     f"<td class='rec'>{html.escape(str(op.get('recommended_executor')))}</td>"
                     f"<td>{html.escape(str(op.get('mlir_location', '')))}</td></tr>")
     return _HTML.format(name=html.escape(str(report.get("model_name"))), rows="\n".join(rows),
                         head="".join(f"<th>{e}</th>" for e in EXECUTOR_ORDER),
-                        summary=html.escape(report.get("final_report_text", "") + "\n" + _folded_note(report, show_all)),
+                        summary=html.escape(str(report.get("final_report_text", "")) + "\n"
+                                            + _folded_note(report, show_all)),
                         histogram=_histogram(report.get("full_model_metrics")),
                         reasons="".join(f"<li><b>{k}</b>: {html.escape(v)}</li>" for k, v in REASON_CODES.items()))
 
@@ -134,10 +141,13 @@ def _histogram(metrics: dict | None) -> str:
         return "<p id='histogram'>no full-model run yet (torq-gen-config run)</p>"
     hist = metrics["lsb_histogram"]
     top = max(hist.values()) or 1
-    bars = "".join(f"<tr><td>{html.escape(k)} LSB</td><td><div class='bar' style='width:{300 * v / top:.0f}px'>"
-                   f"</div></td><td>{v}</td></tr>" for k, v in hist.items())
-    return (f"<table id='histogram'><caption>full model |Δ| vs ONNX Runtime (max {metrics.get('max_abs_lsb')} LSB, "
-            f"{'PASS' if metrics.get('passed') else 'FAIL'})</caption>{bars}</table>")
+    bars = "".join(f"<tr><td>{html.escape(str(k))} LSB</td><td><div class='bar' "
+                   f"style='width:{300 * max(0, v) / top:.0f}px'></div></td><td>{html.escape(str(v))}</td></tr>"
+                   for k, v in hist.items())
+    stale = " stale: the map changed since this run" if metrics.get("stale") else ""
+    return (f"<table id='histogram'><caption>full model |Δ| vs ONNX Runtime (max "
+            f"{html.escape(str(metrics.get('max_abs_lsb')))} LSB, "
+            f"{'PASS' if metrics.get('passed') else 'FAIL'}{stale})</caption>{bars}</table>")
 
 
 _HTML = """<!DOCTYPE html><html><head><meta charset="utf-8"><title>torq-gen-config: {name}</title>
@@ -151,15 +161,34 @@ padding:2px 6px;font-size:13px}} .why{{font-size:11px;color:#444}} .bar{{backgro
 
 
 def resolve_report(config: str | None, model: str | None, output_dir: str) -> Path:
-    """The report JSON: given explicitly, or torq_gen_config_<model stem>.json in --output-dir."""
+    """The JSON to show or edit: given explicitly; else for ``--model`` the report in
+    ``--output-dir`` (or, when only that was shared, its compiler JSON); else the one report there."""
     if config:
         return Path(config)
+    out = Path(output_dir or ".")
     if model:
-        return schema.report_path(output_dir, Path(model).stem)
-    found = sorted(p for p in Path(output_dir).glob("torq_gen_config_*.json") if not p.stem.endswith("_compiler"))
+        stem = Path(model).stem
+        found = schema.find_report(out, stem)
+        if found is not None:
+            return found
+        only_compiler = schema.compiler_path(schema.report_path(out, stem))
+        if only_compiler.exists():
+            return only_compiler
+        raise TorqError(f"no report or compiler JSON for {stem} in {out} (torq_gen_config_{stem}.json; "
+                        "run 'torq-gen-config discover' first)")
+    found = sorted(p for p in out.glob("torq_gen_config_*.json") if not p.stem.endswith(("_compiler", "_mac_debug")))
     if len(found) != 1:
-        raise TorqError(f"pass the report JSON or --model ({len(found)} reports in {output_dir})")
+        raise TorqError(f"pass the report JSON or --model ({len(found)} reports in {out})")
     return found[0]
+
+
+def is_compiler_json(path: Path) -> bool:
+    """A JSON with ``op_assignments`` and no ``ops`` (read errors are left to the loaders)."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and "op_assignments" in data and "ops" not in data
 
 
 def register(sub) -> None:
@@ -179,9 +208,15 @@ def register(sub) -> None:
 
 
 def cmd_view(args) -> int:
-    report = schema.load(resolve_report(args.config, args.model, args.output_dir))
+    path = resolve_report(args.config, args.model, args.output_dir)
+    if is_compiler_json(path):
+        print("\n".join(compiler_json.summary_lines(compiler_json.load(path))))
+        return 0
+    report = schema.load(path)
     layer = args.layer or args.layer_pos
     if args.html:
+        refuse_overwrite(args.html, "--html", {"report": path, "compiler JSON": schema.compiler_path(path),
+                                               "--model": args.model})
         try:
             atomic_write_text(args.html, html_page(report, args.show_all))
         except OSError as e:
@@ -192,5 +227,7 @@ def cmd_view(args) -> int:
     elif args.json:
         print(json.dumps(report, indent=2))
     else:
+        print("\n".join(T.summary_lines(report) + [""]))
         print_table(report, show_all=args.show_all)
+        print("\n".join(["", *T.tolerance_lines(report), "", T.RULE]))
     return 0

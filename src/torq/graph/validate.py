@@ -245,3 +245,6 @@ def _check_window(node: onnx.NodeProto, attrs: dict, rank: int | None, label: st
     auto_pad = auto_pad.decode(errors="replace") if isinstance(auto_pad, bytes) else str(auto_pad)
     if auto_pad not in _AUTO_PAD:
         raise TorqError(f"{label}: attribute 'auto_pad' is {auto_pad!r} (one of {', '.join(sorted(_AUTO_PAD))})")
+    if auto_pad != "NOTSET" and any(attrs.get("pads", ())):
+        raise TorqError(f"{label}: attribute 'auto_pad' is {auto_pad} and 'pads' is {list(attrs['pads'])}: "
+                        "ONNX allows one or the other, not both")

@@ -14,18 +14,23 @@ torq). One module per concern:
            channels), ACT unit (NTP) rescale, native Add / Mul / average pool
   ort      ONNX Runtime's recipes: ``dq_scale`` (the float32 product every Conv/MatMul scale
            starts from), requantisation, QLinearAdd / Mul / pools, Quantize/DequantizeLinear
-  bf16     the NPU's bf16 Quantize/Dequantize fallback, step by step (and ``to_bf16``)
+  bf16     the NPU's bf16 Quantize/Dequantize fallback, step by step (and ``to_bf16``), and its
+           bound vs ORT
   bf16_arith  the bf16 datapath: contractions, elementwise functions, pools (``numerics.bf16_arith``)
+  bias     a bias in the accumulator's scale (the lecture's trap: S_b != S_W·S_X)
   explain  why a native result differs from ORT's (tie / near-tie / other), in exact rationals
+  int16    int16 activations x int8 weights: the NPU's byte planes, ORT's float path, their contract
   loops    numba-compiled per-element loops and the layout plumbing they need
 May import: nothing from torq; numpy, numba and the standard library only.
 """
 from __future__ import annotations
 
-from . import bf16, bf16_arith, explain, loops, native, ort
+from . import bf16, bf16_arith, bias, explain, int16, loops, native, ort
 from .bf16 import *  # noqa: F401,F403
+from .bias import *  # noqa: F401,F403
 from .explain import *  # noqa: F401,F403
+from .int16 import *  # noqa: F401,F403
 from .native import *  # noqa: F401,F403
 from .ort import *  # noqa: F401,F403
 
-__all__ = [*native.__all__, *ort.__all__, *bf16.__all__, *explain.__all__]
+__all__ = [*native.__all__, *ort.__all__, *bf16.__all__, *bias.__all__, *explain.__all__, *int16.__all__]

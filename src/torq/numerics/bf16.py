@@ -11,12 +11,36 @@ simulator executes each with the functions below, so this is the one model of it
 ``bf16_affine`` rounds twice (after the product and after the add), as two separate bf16
 operations; the constants come from ``bf16_fallback_constants``. (Dequantize subtracts the zero
 point before the product: a bias -zp*s after it cancels catastrophically near q = zp.)
+
+How far that is from ONNX Runtime (float32 Q/DQ) -- the bound the arithmetic implies, with
+``u = 2^-8`` the unit roundoff of bf16 (8-bit significand, round to nearest: |bf16(v) - v| <= u|v|):
+
+    Dequantize, d = q - zp (exact: |d| <= 256 fits bf16's significand):
+      NPU  y = bf16(d * bf16(s)) = d·s·(1+e1)(1+e2),   ORT  y = fl32(d·s) = d·s·(1+e3),
+      |e1|,|e2| <= u, |e3| <= 2^-24   =>   |y_npu - y_ort| <= |d|·|s|·(2u + u^2 + 2^-23)
+      (the 2^-23 also covers ORT's rounding of a neighbouring q; |d| > 256 adds one more u)
+      -- up to ~2 LSB at |d| = 255: bf16 has 8 bits, an int8 value needs all 8.
+
+    Quantize, t = x/s + zp:
+      NPU  p = bf16(bf16(x) * bf16(fl32(1/s))) = (x/s)(1+e)^3(1+2^-24),  a = bf16(fl32(p + zp)),
+           q = clamp(rne(a));   ORT  q = clamp(rne(fl32(x/s)) + zp)
+      |a - t| <= |x/s|·E3 + |p + zp|·E2,  E3 = (1+u)^3(1+2^-24) - 1,  E2 = (1+u)(1+2^-24) - 1,
+      two roundings to integers add 1, clamping only shrinks differences:
+      |q_npu - q_ort| <= floor(1 + |x/s|·(E3 + 2^-24) + (|t| + |x/s|·E3)·E2)
+      -- up to 4 LSB for |x/s| ~ 255 (a Relu output with zp -128), 3 for symmetric int8.
+
+``quantize_fallback`` / ``dequantize_fallback`` compose the steps (the same functions the
+simulator runs, op by op); ``*_bound`` are the bounds above, held against ORT in the tests and
+used by discover to tell an explained bf16 difference from a wrong result.
 """
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["to_bf16", "bf16_affine", "float_to_int", "bf16_fallback_constants"]
+__all__ = ["to_bf16", "bf16_affine", "float_to_int", "bf16_fallback_constants", "BF16_UNIT_ROUNDOFF",
+           "quantize_fallback", "dequantize_fallback", "quantize_fallback_bound", "dequantize_fallback_bound"]
+
+BF16_UNIT_ROUNDOFF = 2.0 ** -8
 
 _F32 = np.float32
 
@@ -62,3 +86,35 @@ def bf16_fallback_constants(scale, zp, quantize: bool) -> tuple[float, float]:
         return float(to_bf16(_F32(1.0 / float(scale)))), float(to_bf16(_F32(zp)))
     return float(to_bf16(_F32(scale))), 0.0
 
+
+
+def quantize_fallback(x, scale, zp, qmin: int, qmax: int) -> np.ndarray:
+    """The NPU's whole standalone QuantizeLinear: act f2f, mul, act f2i, fma clamp (int64)."""
+    factor, bias = bf16_fallback_constants(scale, zp, True)
+    return np.clip(float_to_int(bf16_affine(to_bf16(x), factor, bias)), int(qmin), int(qmax))
+
+
+def dequantize_fallback(q, scale, zp) -> np.ndarray:
+    """The NPU's whole standalone DequantizeLinear: fma q - zp, act i2f, mul, act f2f (float32)."""
+    factor, _ = bf16_fallback_constants(scale, zp, False)
+    d = np.asarray(q, np.int64) - int(zp)
+    return bf16_affine(d.astype(_F32), factor, 0.0)
+
+
+def dequantize_fallback_bound(d_abs, scale) -> np.ndarray:
+    """Largest |dequantize_fallback(q) - DequantizeLinear(q)| for |q - zp| = ``d_abs`` (float64)."""
+    u = BF16_UNIT_ROUNDOFF
+    d = np.abs(np.asarray(d_abs, np.float64))
+    rel = 2 * u + u * u + 2.0 ** -23 + np.where(d > 256, u, 0.0)
+    return d * abs(float(scale)) * rel
+
+
+def quantize_fallback_bound(x, scale, zp) -> np.ndarray:
+    """Largest |quantize_fallback(x) - QuantizeLinear(x)| in LSB (int64, per element of ``x``)."""
+    u, f32 = BF16_UNIT_ROUNDOFF, 2.0 ** -24
+    e3, e2 = (1 + u) ** 3 * (1 + f32) - 1, (1 + u) * (1 + f32) - 1
+    v = np.abs(np.asarray(x, np.float64) / abs(float(scale)))
+    t = np.abs(np.asarray(x, np.float64) / float(scale) + int(zp))
+    with np.errstate(over="ignore", invalid="ignore"):
+        b = np.floor(1 + v * (e3 + f32) + (t + v * e3) * e2)
+    return np.minimum(np.nan_to_num(b, nan=0.0, posinf=2.0 ** 62), 2.0 ** 62).astype(np.int64)

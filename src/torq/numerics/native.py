@@ -13,6 +13,7 @@ scales come in as float32 values and are widened exactly; results are int64.
 """
 from __future__ import annotations
 
+import functools
 import math
 from fractions import Fraction
 
@@ -428,8 +429,10 @@ def avgpool_native(sum_minus_zp, counts, xs, ys, zy, qmin, qmax, *, ties_even: b
     return np.clip(out, int(qmin), int(qmax))
 
 
+@functools.lru_cache(maxsize=1024)
 def _avgpool_act(xs, ys, count: int, zy: int, ties_even: bool, zp_before: bool):
-    """(mult, shift, bias, zero point added after rounding, 1 if NTE) for one window size."""
+    """(mult, shift, bias, zero point added after rounding, 1 if NTE) for one window size
+    (cached: the exact-rational test costs more than a global pool's whole rescale)."""
     m, s = avgpool_multiplier(xs, ys, count)
     exact = Fraction(m, 1 << s) == Fraction(float(_F32(xs))) / (Fraction(float(_F32(ys))) * count)
     if not (ties_even and exact and m > 0):

@@ -9,14 +9,14 @@ May import: torq.data, torq.graph, torq.numerics, torq.errors, torq.fileio, torq
 import sys
 import types
 
-from .calibration import ArrayDataReader, SyntheticDataReader, load_dataset
+from .calibration import ArrayDataReader, SyntheticDataReader, load_calibration_arrays
 from ..graph.io_quant import io_quant_params
 from .full_integer import convert_to_full_integer
 from .recipe import PRESETS, RECOMMENDED, Quantized, Recipe, apply, preset, recipe_of
 from .static import quantize, resolve_hybrid
 
 __all__ = ["quantize", "resolve_hybrid", "convert_to_full_integer", "io_quant_params",
-           "SyntheticDataReader", "ArrayDataReader", "load_dataset",
+           "SyntheticDataReader", "ArrayDataReader", "load_calibration_arrays",
            "Recipe", "PRESETS", "RECOMMENDED", "Quantized", "apply", "preset", "recipe_of"]
 
 

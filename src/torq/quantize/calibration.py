@@ -123,8 +123,8 @@ def npy_file_name(input_name: str) -> str:
     return "".join("_" if c in "/\\:" else c for c in input_name) + ".npy"
 
 
-def load_dataset(path: str | os.PathLike, model: onnx.ModelProto,
-                 num_samples: int | None = None) -> ArrayDataReader:
+def load_calibration_arrays(path: str | os.PathLike, model: onnx.ModelProto,
+                            num_samples: int | None = None) -> ArrayDataReader:
     """Read an ``.npz`` file or a folder of ``.npy`` files into a reader (first ``num_samples``)."""
     path = Path(path)
     if not path.exists():
@@ -227,7 +227,7 @@ def make_reader(model: onnx.ModelProto, recipe) -> CalibrationDataReader:
         return SyntheticDataReader(model, recipe.num_calib)
     if is_image_data(recipe.calibration_data, model):
         return image_reader(model, recipe.calibration_data, recipe.preprocess, recipe.num_calib)
-    return load_dataset(recipe.calibration_data, model, recipe.num_calib)
+    return load_calibration_arrays(recipe.calibration_data, model, recipe.num_calib)
 
 
 def is_image_data(spec, model: onnx.ModelProto) -> bool:

@@ -6,6 +6,7 @@ import textwrap
 from pathlib import Path
 
 from ..errors import TorqError
+from ..fileio import refuse_overwrite
 
 
 def _fmt(text: str) -> str:
@@ -14,7 +15,6 @@ def _fmt(text: str) -> str:
 
 def register(sub) -> None:
     """Add the ``quantize`` subparser to a ``torq-gen-config`` subparsers object."""
-    from .recipe import DEFAULT
     from .recipe_flags import add_recipe_arguments
     q = sub.add_parser(
         "quantize", help="static int8 quantization of an fp32 ONNX model",
@@ -41,13 +41,31 @@ def register(sub) -> None:
     q.add_argument("--model", "-m", required=True, metavar="MODEL.onnx", help="fp32 ONNX model to quantize")
     q.add_argument("--output", "-o", metavar="OUT.onnx",
                    help="where to write the quantized model (default: <model stem>.int8.onnx next to the model)")
-    add_recipe_arguments(q, default=DEFAULT)
+    add_recipe_arguments(q)
     q.set_defaults(func=_cmd_quantize)
 
 
 def default_output(model: Path) -> Path:
     """``<stem>.int8.onnx`` next to the model."""
     return model.with_name(f"{model.stem}.int8.onnx")
+
+
+def _auto_report(q, out: Path, recipe) -> None:
+    """--precision auto: the choice per layer next to the model (``<output stem>.precision.json``)."""
+    import json
+
+    from ..fileio import atomic_write_text
+    from .precision import stamped
+    result = stamped(q)
+    if result is None:
+        return
+    report = out.with_name(out.stem + ".precision.json")
+    atomic_write_text(report, json.dumps(result, indent=1) + "\n")
+    verdict = "within" if result["met"] else "NOT within"
+    print(f"torq-gen-config quantize: --precision auto: {len(result['int16_layers'])} int16 layers, "
+          f"{100 * result['int8_mac_share']:.1f} % of MACs in int8; top-1 disagreement with FP32 "
+          f"{result['disagreement_top1_points']:.2f} points on {result['holdout_images']} held-apart samples "
+          f"({verdict} the budget {recipe.accuracy_budget:g}); per layer: {report}")
 
 
 def _cmd_quantize(args) -> int:
@@ -60,13 +78,14 @@ def _cmd_quantize(args) -> int:
     recipe = recipe_from_args(args)          # every flag checked before the model work
     model = Path(args.model)
     out = Path(args.output) if args.output else default_output(model)
-    if model.exists() and out.exists() and out.resolve() == model.resolve():
-        raise TorqError(f"--output {out} would overwrite the input model; choose another path")
-    fp32 = load_model(model)  # validate before the spinner; also the "before" of the summary
-    from rich.console import Console
-    with Console(stderr=True).status(f"Calibrating and quantizing {model.name} ..."):
-        q = apply(recipe, model).model
+    refuse_overwrite(out, "--output", {"--model": model, "--calibration-data": recipe.calibration_data})
+    fp32 = load_model(model)  # validated before the slow steps; also the "before" of the summary
+    if ("*", "auto") in recipe.precision and not recipe.calibration_data:
+        raise TorqError("--precision auto needs real calibration data (--calibration-data): the choice is "
+                        "measured against FP32 on held-apart samples")
+    q = apply(recipe, model).model        # stage lines (fold, CLE, calibration, ...) on stderr
     save_model(q, out)
+    _auto_report(q, out, recipe)
     calib = f"{recipe.calibration_data} (first {recipe.num_calib})" if recipe.calibration_data \
         else f"synthetic x{recipe.num_calib}"
     print(f"torq-gen-config quantize: wrote {out}")

@@ -90,6 +90,12 @@ def _scalar(inits, name):
     return _F32(v.reshape(-1)[0]) if v.size == 1 else None
 
 
+def _wide(qdq, inits) -> bool:
+    """A Quantize/DequantizeLinear with a 16-bit zero point (int16 activations)."""
+    zp = inits.get(qdq.input[2]) if len(qdq.input) > 2 else None
+    return zp is not None and zp.data_type in (onnx.TensorProto.INT16, onnx.TensorProto.UINT16)
+
+
 def _rescale_layer(node, inits, floats, producer, consumers) -> bool:
     dqx, dqw = producer.get(node.input[0]), producer.get(node.input[1])
     outs = consumers.get(node.output[0], [])
@@ -97,8 +103,8 @@ def _rescale_layer(node, inits, floats, producer, consumers) -> bool:
             or len(outs) != 1 or outs[0].op_type != "QuantizeLinear" or dqw.input[0] not in inits):
         return False
     xs, ys = _scalar(inits, dqx.input[1]), _scalar(inits, outs[0].input[1])
-    if xs is None or ys is None or dqw.input[1] not in inits:
-        return False
+    if xs is None or ys is None or dqw.input[1] not in inits or _wide(dqx, inits) or _wide(outs[0], inits):
+        return False            # int16 activations: ORT accumulates in float anyway (numerics.int16)
     w_q = numpy_helper.to_array(inits[dqw.input[0]])
     ws = numpy_helper.to_array(inits[dqw.input[1]]).astype(_F32)
     zp = numpy_helper.to_array(inits[dqw.input[2]]) if len(dqw.input) > 2 and dqw.input[2] in inits else None

@@ -26,10 +26,10 @@ import onnx
 from ..errors import TorqError
 
 FORMATS = ("qdq", "qoperator", "hybrid")
-DTYPES = ("A8W8",)
+DTYPES = ("A8W8", "A16W8")
 METHODS = ("minmax", "entropy", "percentile")
 EQUALIZE = ("off", "bounded", "skip")
-PRECISIONS = ("int8", "int16", "bf16")
+PRECISIONS = ("int8", "int16", "bf16", "auto")
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,8 @@ class Recipe:
     op_types_to_quantize: tuple = ()    # only these op types (empty = all)
     op_types_to_exclude: tuple = ()     # these op types stay float
     precision: tuple = ()               # ((node name, int8 | int16 | bf16), ...): per-layer activation precision;
-                                        # node "*" = the whole model
+                                        # node "*" = the whole model; ("*", "auto") = chosen by measurement
+    accuracy_budget: float = 0.5        # precision auto: top-1 points vs FP32 allowed on held-apart calibration
 
     def __post_init__(self):
         if self.calibration_data is not None and not isinstance(self.calibration_data, str):
@@ -133,8 +134,31 @@ def check(r: Recipe) -> None:
         if not isinstance(text, str) or parse_input_shape(text) != text:
             raise TorqError(f"--input-shape: bad entry {text!r}: expected NAME=D0,D1,... (normalised)")
     for item in r.precision:
-        if not (isinstance(item, tuple) and len(item) == 2 and item[1] in PRECISIONS and item[0]):
-            raise TorqError(f"--precision: bad entry {item!r}: expected NODE=int8|int16|bf16")
+        if not (isinstance(item, tuple) and len(item) == 2 and item[1] in PRECISIONS and item[0]) \
+                or (item[1] == "auto" and item[0] != "*"):
+            raise TorqError(f"--precision: bad entry {item!r}: expected auto or NODE=int8|int16|bf16")
+    if uses_int16(r) and r.format == "qoperator":
+        raise TorqError("int16 activations (--quant-dtype A16W8, --precision int16 / auto) need --quant-format "
+                        "qdq: ONNX Runtime quantizes 16-bit activations in QDQ form only")
+    if not isinstance(r.accuracy_budget, (int, float)) or isinstance(r.accuracy_budget, bool) \
+            or not r.accuracy_budget >= 0:
+        raise TorqError(f"--accuracy-budget must be a number >= 0 (top-1 points), got {r.accuracy_budget!r}")
+
+
+def uses_int16(r: Recipe) -> bool:
+    """Any int16 activation: A16W8, an int16 layer, or a precision chosen by measurement."""
+    return r.quant_dtype == "A16W8" or any(p in ("int16", "auto") for _, p in r.precision)
+
+
+def layer_precision(r: Recipe, node: str) -> str:
+    """The activation precision of one node under ``r`` ("auto" until resolved)."""
+    whole = dict(r.precision).get("*")
+    return dict(r.precision).get(node) or whole or ("int16" if r.quant_dtype == "A16W8" else "int8")
+
+
+def effective_dtype(r: Recipe) -> str:
+    """The default activation/weight types ORT quantizes with: A16W8 for a whole-model int16."""
+    return "A16W8" if r.quant_dtype == "A16W8" or ("*", "int16") in r.precision else r.quant_dtype
 
 
 # ----------------------------------------------------------------------------- presets
@@ -152,10 +176,12 @@ PRESETS: dict[str, Recipe] = {
     "cle": Recipe(per_channel=True, full_integer=True, num_calib=100, exact_scales=True,
                   equalize="bounded", bias_correction=True),
 }
-#: The recipe ``evaluate`` and ``benchmarks/accuracy.py`` measure by default, chosen on the tuning half.
+#: The default of every command (quantize, discover, run, evaluate, the benchmarks) and the
+#: ``recommended`` alias: chosen on the tuning half of the evaluation images by
+#: benchmarks/recipe_choice.py, reported on the other half (docs/recipes.md). ``Recipe()`` itself
+#: is ORT's quantize_static defaults behind the front end: the base presets change, and the
+#: defaults of the Python ``quantize()`` (which keeps ORT's keyword vocabulary).
 RECOMMENDED = "cle"
-#: The default of ``quantize`` / ``discover`` / ``run`` (synthetic calibration unless data is given).
-DEFAULT = "ort"
 
 
 def preset(name: str) -> Recipe:
@@ -198,12 +224,15 @@ def load_fp32(model, where: str | None = None, input_shape=()) -> tuple[onnx.Mod
 
 def front_end(recipe: Recipe, model: onnx.ModelProto) -> onnx.ModelProto:
     """The calibration-free fp32 clean-ups (fold, dead channels); the same function as ``model``."""
+    from ..progress import stage
     if recipe.fold:
         from .fold import fold_fp32
-        model = fold_fp32(model)
+        with stage("quantize: fold (constants, shapes, Pad/BatchNorm into Conv)"):
+            model = fold_fp32(model)
     if recipe.dead_channels:
         from .dead_channels import zero_dead_channels
-        model = zero_dead_channels(model)[0]
+        with stage("quantize: dead channels"):
+            model = zero_dead_channels(model)[0]
     return model
 
 
@@ -212,15 +241,18 @@ def prepare(recipe: Recipe, model: onnx.ModelProto, reader=None) -> onnx.ModelPr
     model = front_end(recipe, model)
     if recipe.equalize == "off" and not recipe.bias_correction:
         return model
+    from ..progress import stage
     from .calibration import make_reader, rewind
     reader = reader if reader is not None else make_reader(model, recipe)
     if recipe.equalize != "off":
         from .equalize import equalize
-        model = equalize(model, reader, relu6=recipe.equalize).model
+        with stage("quantize: cross-layer equalization"):
+            model = equalize(model, reader, relu6=recipe.equalize).model
         rewind(reader)
     if recipe.bias_correction:
         from .bias_correction import correct_bias
-        model = correct_bias(model, reader, per_channel=recipe.per_channel)
+        with stage("quantize: bias correction"):
+            model = correct_bias(model, reader, per_channel=recipe.per_channel)
         rewind(reader)
     return model
 
@@ -232,9 +264,15 @@ def apply(recipe: Recipe, model, reader=None, *, where: str | None = None,
     ``reader``: an ORT CalibrationDataReader overriding ``recipe.calibration_data`` (discover's
     per-layer activations, evaluate's held-apart images). ``wrap_lone_ops``: a model ORT leaves
     float (a lone Relu, Flatten, ...) gets Q/DQ around its I/O instead of an error."""
+    from . import memory_bound
     from .calibration import make_reader
     src, where = load_fp32(model, where, recipe.input_shape)
+    if reader is None:                           # (a caller's reader knows its own sizes)
+        memory_bound.check(src, recipe.num_calib, where, "--num-calib")
     reader = reader if reader is not None else make_reader(src, recipe)
+    if ("*", "auto") in recipe.precision:            # int16 layers chosen by measurement first
+        from .auto_precision import apply_auto
+        return apply_auto(recipe, src, reader, where=where, wrap_lone_ops=wrap_lone_ops)
     prepared = prepare(recipe, src, reader)
     q = quantize_prepared(recipe, prepared, reader, where=where, wrap_lone_ops=wrap_lone_ops)
     return Quantized(q, prepared, recipe)
@@ -243,26 +281,32 @@ def apply(recipe: Recipe, model, reader=None, *, where: str | None = None,
 def quantize_prepared(recipe: Recipe, prepared: onnx.ModelProto, reader, *, where: str = "model",
                       wrap_lone_ops: bool = False) -> onnx.ModelProto:
     """ORT static quantization of an already prepared fp32 graph, then exact scales / full integer."""
+    from ..progress import stage
     from .calibration import rewind
     from .static import run_quantizer
-    q, fmt = run_quantizer(prepared, reader, recipe, _ort_selection(recipe, prepared), where)
+    selection = _ort_selection(recipe, prepared)
+    with stage(f"quantize: calibration + ONNX Runtime ({recipe.calibrate_method}, {recipe.format})"):
+        q, fmt = run_quantizer(prepared, reader, recipe, selection, where)
     from .islands import unquantized_tensors
     # QOperator leaves float islands between its QLinear ops; QDQ leaves the ops ORT has no
     # QDQ rule for (x.mean(3).mean(2) ending a backbone) float: both get Q/DQ, int8 throughout.
     if _quantized(q) and (fmt == "qoperator" or unquantized_tensors(q)):
         from .islands import quantize_islands
         rewind(reader)
-        q = quantize_islands(q, prepared, reader, _method(recipe), _activation_type(recipe).tensor_type)
+        with stage("quantize: Q/DQ islands"):
+            q = quantize_islands(q, prepared, reader, _method(recipe), _activation_type(recipe).tensor_type)
     if not _quantized(q) and wrap_lone_ops:
         from .lone_ops import wrap_in_qdq
         rewind(reader)
         q = wrap_in_qdq(prepared, reader, _method(recipe), _activation_type(recipe).tensor_type)
     if not _quantized(q):
+        hint = "; try --quant-format qdq" if recipe.format != "qdq" else " (ONNX Runtime has no int8 form for any of its ops)"
         raise TorqError(f"{where}: ONNX Runtime quantized nothing with --quant-format {recipe.format} "
-                        "(none of its ops has an int8 form in that format); try --quant-format qdq")
+                        f"(none of its ops has an int8 form in that format){hint}")
     if recipe.exact_scales and fmt == "qdq":
         from .exact_scales import exact_scales
-        q = exact_scales(q, prepared)
+        with stage("quantize: exact scales"):
+            q = exact_scales(q, prepared)
     if recipe.full_integer:
         from .full_integer import convert_to_full_integer
         q = convert_to_full_integer(q)
@@ -332,14 +376,18 @@ def _ort_selection(recipe: Recipe, model: onnx.ModelProto) -> dict:
 
 
 def _precision_overrides(recipe: Recipe, model: onnx.ModelProto) -> dict:
-    """ORT ``TensorQuantOverrides`` for the per-layer precision map (int8 entries need none).
-
-    int16 / bf16 layers are the a16 / bf16 work (issues 19, 18): until they land, refused."""
-    other = [(n, p) for n, p in recipe.precision if p != "int8"]
-    if other and other[0][0] == "*":
-        raise TorqError(f"--precision {other[0][1]}: a whole {other[0][1]} model is not an int8 quantization "
+    """ORT ``TensorQuantOverrides`` for the per-layer precision map: each int16 (or, with A16W8,
+    int8) layer's output activation (``precision.tensor_overrides``). bf16 layers are the bf16 path's."""
+    from .precision import tensor_overrides
+    bf16 = [(n, p) for n, p in recipe.precision if p == "bf16"]
+    if bf16 and bf16[0][0] == "*":
+        raise TorqError("--precision bf16: a whole bf16 model is not an int8 quantization "
                         "(bf16: discover/run --auto-convert-bf16, evaluate --precision bf16)")
-    if other:
-        raise TorqError(f"--precision {other[0][0]}={other[0][1]}: per-layer {other[0][1]} is not "
-                        "implemented yet (only int8)")
-    return {}
+    if bf16:
+        raise TorqError(f"--precision {bf16[0][0]}=bf16: per-layer bf16 in an int8 model is not implemented "
+                        "(int8 and int16 layers mix; bf16 is whole-model: --auto-convert-bf16)")
+    if ("*", "auto") in recipe.precision:
+        raise TorqError("--precision auto is resolved by apply() (quantize.auto_precision), not by the quantizer")
+    layers = {n: p for n, p in recipe.precision if n != "*"}
+    default = "int16" if effective_dtype(recipe) == "A16W8" else "int8"
+    return tensor_overrides(onnx.shape_inference.infer_shapes(model), layers, default) if layers else {}

@@ -1,6 +1,6 @@
 """The one argparse group for a ``Recipe``: ``quantize``, ``discover``, ``run``, ``evaluate`` and the
-benchmarks add it with ``add_recipe_arguments(parser, default=...)`` and read it back with
-``recipe_from_args(args)``. ``--recipe NAME`` picks a preset (or a JSON file); every other flag
+benchmarks add it with ``add_recipe_arguments(parser)`` and read it back with ``recipe_from_args(args)``.
+``--recipe NAME`` picks a preset (or a JSON file; default: ``recipe.RECOMMENDED`` on every command); every other flag
 changes one field of it and is ``None`` unless given, so a preset plus flags is always explicit.
 """
 from __future__ import annotations
@@ -25,7 +25,9 @@ FLAGS: dict[str, tuple[tuple[str, ...], dict]] = {
     "full_integer": (("--full-integer",), dict(action=_BOOL, help=(
         "int8 graph inputs/outputs: no input QuantizeLinear / output DequantizeLinear (I/O names kept; "
         "scales in model metadata 'torq.io_quant')"))),
-    "quant_dtype": (("--quant-dtype",), dict(metavar="A8W8", help="activation/weight types (A8W8: int8/int8)")),
+    "quant_dtype": (("--quant-dtype",), dict(metavar="{A8W8,A16W8}", help=(
+        "activation/weight types: A8W8 int8/int8, A16W8 int16 activations x int8 weights (the NPU's int16 "
+        "path, QDQ only; docs/a16w8.md)"))),
     "calibrate_method": (("--calibrate-method",), dict(metavar="{minmax,entropy,percentile}", help=(
         "how activation ranges are chosen from the calibration data"))),
     "calibration_data": (("--calibration-data",), dict(metavar="SPEC", help=(
@@ -60,9 +62,14 @@ FLAGS: dict[str, tuple[tuple[str, ...], dict]] = {
     "op_types_to_quantize": (("--op-types-to-quantize",), dict(metavar="LIST", help=(
         "comma list of op types: quantize only these (e.g. Conv,Gemm)"))),
     "op_types_to_exclude": (("--op-types-to-exclude",), dict(metavar="LIST", help="comma list of op types left float")),
-    "precision": (("--precision",), dict(metavar="P|NODE=P,...", help=(
+    "precision": (("--precision",), dict(metavar="P|NODE=P,...|auto", help=(
         "activation precision, int8 (default), int16 or bf16: one for the whole model (evaluate "
-        "--precision bf16: FP32 vs BF16 on the NSS, no calibration) or per layer, NODE=P,..."))),
+        "--precision bf16: FP32 vs BF16 on the NSS, no calibration) or per layer, NODE=P,...; auto: the "
+        "fewest int16 layers (by MACs) keeping top-1 within --accuracy-budget of FP32 on held-apart "
+        "calibration samples (docs/mixed-precision.md)"))),
+    "accuracy_budget": (("--accuracy-budget",), dict(type=float, metavar="POINTS", help=(
+        "--precision auto: top-1 disagreement with FP32 allowed on the held-apart third of the calibration "
+        "samples, percentage points (default 0.5)"))),
 }
 _LISTS = ("nodes_to_quantize", "nodes_to_exclude", "op_types_to_quantize", "op_types_to_exclude")
 
@@ -71,13 +78,14 @@ def _dest(name: str) -> str:
     return f"recipe_{name}"
 
 
-def add_recipe_arguments(parser: argparse.ArgumentParser, default: str = "ort", title: str | None = None):
+def add_recipe_arguments(parser: argparse.ArgumentParser, title: str | None = None):
     """Add ``--recipe`` and one flag per Recipe field to ``parser`` (as one argument group)."""
     g = parser.add_argument_group(title or "quantization recipe (the same flags on quantize, discover, run, evaluate)")
     names = ", ".join([*PRESETS, "recommended"])
-    g.add_argument("--recipe", default=default, metavar="NAME|FILE.json", help=(
-        f"start from a named recipe ({names}; recommended = {RECOMMENDED}) or a recipe JSON file; the "
-        f"flags below change single fields (default: {default}; docs/quantization.md says what each costs)"))
+    g.add_argument("--recipe", default=RECOMMENDED, metavar="NAME|FILE.json", help=(
+        f"start from a named recipe ({names}) or a recipe JSON file; the flags below change single "
+        f"fields (default: recommended = {RECOMMENDED}, the same on every command; docs/recipes.md "
+        "says what each costs and gains)"))
     for name, (flags, kw) in FLAGS.items():
         g.add_argument(*flags, dest=_dest(name), default=None, **kw)
     g.add_argument("--per-tensor", dest=_dest("per_channel"), action="store_false",
@@ -111,7 +119,7 @@ def given(args) -> dict:
 
 def recipe_from_args(args) -> Recipe:
     """``--recipe`` with every explicitly given flag applied; bad values are one-line errors."""
-    base = load_recipe(getattr(args, "recipe", None) or "ort")
+    base = load_recipe(getattr(args, "recipe", None) or RECOMMENDED)
     return base.replace(**given(args))
 
 
@@ -133,9 +141,10 @@ def load_recipe(name: str) -> Recipe:
 
 def parse_precision(text: str) -> tuple:
     """``NODE=int16,NODE2=bf16`` -> ((NODE, int16), (NODE2, bf16)); a bare ``bf16`` / ``int16`` is
-    the whole model (node ``*``), ``int8`` the default (no entry); one-line error otherwise."""
+    the whole model (node ``*``), ``auto`` chosen by measurement (``("*", "auto")``), ``int8`` the
+    default (no entry); one-line error otherwise."""
     bare = text.strip().lower()
-    if bare in ("int8", "int16", "bf16"):
+    if bare in ("int8", "int16", "bf16", "auto"):
         return () if bare == "int8" else (("*", bare),)
     out = []
     for part in filter(None, (p.strip() for p in text.split(","))):

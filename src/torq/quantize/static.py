@@ -1,8 +1,10 @@
 """Static int8 quantization: a thin, strict wrapper over ``onnxruntime.quantization.quantize_static``.
 
 Choices (and why):
-  * A8W8 only: signed int8 activations and weights, what the NPU computes. ORT's own
-    defaults then give symmetric weights (zp 0) and asymmetric activations.
+  * A8W8: signed int8 activations and weights, what the NPU computes. ORT's own defaults then
+    give symmetric weights (zp 0) and asymmetric activations. A16W8 (and any int16 layer of a
+    mixed-precision recipe): int16 activations (ORT's QInt16, QDQ only, opset 21), int8 weights,
+    the NPU's int16 path (docs/a16w8.md, docs/mixed-precision.md).
   * ``ForceQuantizeNoInputCheck``: True for QDQ, False for QOperator. In QDQ, without it ORT
     leaves "latent" ops (MaxPool, Reshape, Transpose, ...) in float whenever their input is not
     already quantized -- e.g. a MaxPool right after a graph input, or any single-op layer
@@ -42,7 +44,8 @@ from ..graph.load import is_quantized
 from .calibration import rewind
 
 QUANT_FORMATS = ("qdq", "qoperator", "hybrid")
-QUANT_DTYPES = {"A8W8": (QuantType.QInt8, QuantType.QInt8)}  # (activation, weight)
+QUANT_DTYPES = {"A8W8": (QuantType.QInt8, QuantType.QInt8),    # (activation, weight)
+                "A16W8": (QuantType.QInt16, QuantType.QInt8)}
 CALIBRATE_METHODS = {
     "minmax": CalibrationMethod.MinMax,
     "entropy": CalibrationMethod.Entropy,
@@ -130,7 +133,8 @@ def _quiet():
 
 def _run_ort(tmp: Path, reader, fmt, recipe, selection: dict, where: str) -> onnx.ModelProto:
     """One quantize_static call on tmp/pre.onnx; any ORT failure becomes a one-line TorqError."""
-    activation_type, weight_type = parse_quant_dtype(recipe.quant_dtype)
+    from .recipe import effective_dtype
+    activation_type, weight_type = parse_quant_dtype(effective_dtype(recipe))
     extra = {"ForceQuantizeNoInputCheck": fmt == QuantFormat.QDQ}
     if selection.get("tensor_overrides"):
         extra["TensorQuantOverrides"] = selection["tensor_overrides"]
@@ -184,7 +188,8 @@ def _drop_stale_value_info(m: onnx.ModelProto) -> None:
 def run_quantizer(prepared: onnx.ModelProto, reader, recipe, selection: dict, where: str
                   ) -> tuple[onnx.ModelProto, str]:
     """(ORT's quantized model, the format used: "qdq" | "qoperator") for a prepared fp32 graph."""
-    fmt = resolve_format(prepared, recipe.format)
+    from .recipe import uses_int16
+    fmt = QuantFormat.QDQ if uses_int16(recipe) else resolve_format(prepared, recipe.format)   # ORT: 16-bit in QDQ only
     with tempfile.TemporaryDirectory(prefix="torq-quant-") as tmp:
         tmp = Path(tmp)
         onnx.save(prepared, str(tmp / "fp32.onnx"))

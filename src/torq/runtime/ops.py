@@ -12,7 +12,7 @@ import numpy as np
 
 from .. import numerics
 from ..errors import TorqError
-from . import kernels
+from . import int16, kernels
 
 
 def _diff(native, ort):
@@ -22,20 +22,24 @@ def _diff(native, ort):
 
 
 def _checked(fn, reference, causes):
-    """Attach ``fn.check(args, out, rounding) -> (size, native-vs-ort differing, max LSB, causes,
-    mismatches)`` to the step function ``fn`` (whatever fast path it takes).
+    """Attach ``fn.check(args, out, rounding, ort=None) -> (size, native-vs-ort differing, max LSB,
+    causes, mismatches)`` to the step function ``fn`` (whatever fast path it takes).
 
     ``reference(args, rounding)`` is the plain numpy formula of a mode; ``mismatches`` counts
     elements where the executed ``out`` differs from the reference of its own mode (must be 0);
     the native-vs-ort comparison uses ``out`` for the executed mode and the reference for the
-    other; ``causes(args, mask)`` classifies the differing elements (tie / near-tie / other)."""
-    def check(args, out, rounding):
+    other, or ``ort``: ONNX Runtime's own output on the same inputs, when the caller has it;
+    ``causes(args, mask, native, ort)`` classifies the differing elements (tie / near-tie /
+    other; for int16 activations float / overflow / other, ``numerics.int16``)."""
+    def check(args, out, rounding, ort=None):
         own = reference(args, rounding)
         mismatches = int(np.count_nonzero(np.asarray(own) != np.asarray(out)))
         native = out if rounding == "native" else reference(args, "native")
-        ort = out if rounding == "ort" else reference(args, "ort")
-        mask, mx = _diff(np.asarray(native), np.asarray(ort))
-        return np.size(out), int(mask.sum()), mx, (causes(args, mask) if mask.any() else {}), mismatches
+        if ort is None:
+            ort = out if rounding == "ort" else reference(args, "ort")
+        native, ort = np.asarray(native), np.asarray(ort).reshape(np.shape(native))
+        mask, mx = _diff(native, ort)
+        return np.size(out), int(mask.sum()), mx, (causes(args, mask, native, ort) if mask.any() else {}), mismatches
     fn.check = check
     return fn
 
@@ -68,25 +72,38 @@ def _rescale(acc, attrs, requant, scale_bias, rounding, rtype):
     return np.asarray(y).astype(rtype)
 
 
-def _with_acc(parts_fn, a, rtype):
+def _with_acc(parts_fn, a, rtype, wide=None, ref_parts=None):
     """Step function for accumulate-then-rescale ops (fused rescale of the two-part accumulator),
     checked against the unfused numpy rescale of the int64 accumulator.
 
-    ``parts_fn(args)`` returns the accumulator as ``kernels.AccParts``."""
+    ``parts_fn(args)`` returns the accumulator as ``kernels.AccParts``; ``ref_parts(args)`` an
+    independent one for the check (int16: the direct product, not the byte planes; default
+    ``parts_fn``); ``wide(args)`` the (abs_acc, terms) of an op with int16 activations, which ORT
+    runs in float (``int16.py``)."""
+    ref_parts = ref_parts or parts_fn
     ys = float(a["ort_output_scale"][0])
     requant = numerics.ort_requant_scale(a["ort_dq_scale"], ys)
 
+    def is_wide(args):
+        return wide is not None and numerics.int16_involved(args[-1].dtype, np.dtype(rtype))
+
     def fn(args, rounding):
         parts = parts_fn(args)
+        if is_wide(args) and rounding == "ort":          # ORT's float path (the NPU's ACT is int8's)
+            return int16.rescale(parts.int64(axis=1), a, args[1].astype(np.int64), rounding, rtype)
         if np.dtype(rtype).kind not in "iu":
             return _rescale(parts.int64(axis=1), a, requant, args[1].astype(np.int64), rounding, rtype)
         return _rescale(parts, a, requant, args[1].astype(np.int64), rounding, rtype)
 
     def reference(args, rounding):
-        return _rescale(parts_fn(args).int64(axis=1), a, requant, args[1].astype(np.int64), rounding, rtype)
+        if is_wide(args):
+            return int16.rescale(ref_parts(args).int64(axis=1), a, args[1].astype(np.int64), rounding, rtype)
+        return _rescale(ref_parts(args).int64(axis=1), a, requant, args[1].astype(np.int64), rounding, rtype)
 
-    def causes(args, mask):
-        acc = parts_fn(args).int64(axis=1)
+    def causes(args, mask, native, ort):
+        acc = ref_parts(args).int64(axis=1)
+        if is_wide(args):
+            return int16.causes(acc, *wide(args), a, args[1].astype(np.int64), native, ort)
         chan = np.nonzero(mask)[1] if acc.ndim > 1 else np.zeros(int(mask.sum()), int)
         dq = a["ort_dq_scale"]
         return numerics.explain_diffs(acc[mask], [((float(dq[c]),), (ys,)) for c in chan])
@@ -115,26 +132,38 @@ def _cached_plan(make):
 
 def _conv(st, rtype):
     a = st.attrs
-    plan = _cached_plan(lambda w, sb: kernels.ConvPlan(
-        w, sb[0::2].astype(np.int64), list(a["pad"]), a["input_zp"], list(a["stride"]),
-        list(a["dilation"]), a["groups"]))
+    geometry = (list(a["pad"]), a["input_zp"], list(a["stride"]), list(a["dilation"]), a["groups"])
+    plan = _cached_plan(lambda w, sb: kernels.ConvPlan(w, sb[0::2].astype(np.int64), *geometry))
+    planes = _cached_plan(lambda w, sb: kernels.ByteConv(w, sb[0::2].astype(np.int64), *geometry))
 
-    def parts_fn(args):
+    def parts_fn(args, direct=False):
         w, sb, x = args
         one_d = x.ndim == 3                              # Conv1D runs as 2-D with H = 1
-        p = plan(w, sb).parts(x[:, :, None, :] if one_d else x, kernels.thread_workspace())
+        chosen = planes if x.dtype == np.int16 and not direct else plan  # int16: the two byte planes
+        p = chosen(w, sb).parts(x[:, :, None, :] if one_d else x, kernels.thread_workspace())
         return p._replace(acc=p.acc[:, :, 0, :]) if one_d else p
-    return _with_acc(parts_fn, a, rtype)
+
+    def wide(args):
+        w, sb, x = args
+        one_d = x.ndim == 3
+        abs_acc = planes(w, sb).abs_acc(x[:, :, None, :] if one_d else x, a["input_zp"])
+        return (abs_acc[:, :, 0, :] if one_d else abs_acc), int(np.prod(w.shape[1:]))
+    return _with_acc(parts_fn, a, rtype, wide, ref_parts=lambda args: parts_fn(args, direct=True))
 
 
 def _fc(st, rtype):
     a = st.attrs
     plan = _cached_plan(lambda w, sb: kernels.FcPlan(w, sb[0::2].astype(np.int64)))
+    planes = _cached_plan(lambda w, sb: kernels.ByteFc(w, sb[0::2].astype(np.int64), a["input_zp"]))
 
-    def parts_fn(args):
+    def parts_fn(args, direct=False):
         w, sb, x = args
-        return plan(w, sb).parts(x)
-    return _with_acc(parts_fn, a, rtype)
+        return (planes if x.dtype == np.int16 and not direct else plan)(w, sb).parts(x)
+
+    def wide(args):
+        w, sb, x = args
+        return planes(w, sb).abs_acc(x, a["input_zp"]), int(w.shape[1])
+    return _with_acc(parts_fn, a, rtype, wide, ref_parts=lambda args: parts_fn(args, direct=True))
 
 
 def _binary_ort(recipe, k, x, y, sa, za, sb, zb, sc, a):
@@ -196,7 +225,10 @@ def _add(st, rtype):
             out = _binary_ort(recipe, k, x, y, sa, za, sb_, zb, sc, a)
         return np.asarray(out).astype(rtype)
 
-    def causes(args, mask):
+    def causes(args, mask, native, ort):
+        if numerics.int16_involved(*(v.dtype for v in args), np.dtype(rtype)):   # ORT's float Add
+            return int16.add_causes(*args, sa, za, sb_, zb, sc, a["output_zp"], a["output_min"], a["output_max"],
+                                    (ma, mb), a["shift_factor"], native, ort)
         x, y = (np.broadcast_to(v, mask.shape) for v in args)
         return numerics.explain_add_diffs(x[mask], y[mask], sa, za, sb_, zb, sc)
     return _checked(_pair_table(fn, direct=("native",)), _int64_args(fn), causes)
@@ -211,6 +243,10 @@ def _avgpool(st, rtype):
     def fn(args, rounding):
         (x,) = args
         is_global = kernel == list(x.shape[2:]) and not any(pad)
+        if rounding == "ort" and numerics.int16_involved(x.dtype, np.dtype(rtype)):   # ORT's float pool
+            s, counts = kernels.pool_sum(x, kernel, stride, pad, bool(a["count_include_pad"]), a["input_zp"])
+            out = int16.avgpool_ort(s, counts, xs, ys, a["output_zp"], a["output_min"], a["output_max"])
+            return np.asarray(out).astype(rtype).reshape(rshape)
         if rounding == "ort":
             if is_global:
                 n = x.shape[2] * x.shape[3]
@@ -228,8 +264,14 @@ def _avgpool(st, rtype):
                                       ties_even=bool(a.get("round_ties_even", 0)), zp_before_rounding=not is_global)
         return np.asarray(out).astype(rtype).reshape(rshape)
 
-    def causes(args, mask):
+    def causes(args, mask, native, ort):
         s, counts = kernels.pool_sum(args[0], kernel, stride, pad, bool(a["count_include_pad"]), a["input_zp"])
+        if numerics.int16_involved(args[0].dtype, np.dtype(rtype)):
+            dev = np.abs(args[0].astype(np.int64) - a["input_zp"])
+            abs_sums = kernels.pool_sum(dev, kernel, stride, pad, True, 0)[0]
+            return int16.avgpool_causes(s, abs_sums, np.broadcast_to(counts, s.shape), xs, ys, a["output_zp"],
+                                        a["output_min"], a["output_max"], native.reshape(s.shape),
+                                        ort.reshape(s.shape))
         mask = mask.reshape(s.shape)
         cnt = np.broadcast_to(counts, s.shape)[mask]
         return numerics.explain_diffs(s[mask], [((float(xs),), (float(ys), int(c))) for c in cnt])
@@ -303,7 +345,7 @@ def _int_mul(a, rtype):
             out = _binary_ort(numerics.mul_ort, k, x, y, sa, za, sb, zb, sc, a)
         return np.asarray(out).astype(rtype)
 
-    def causes(args, mask):
+    def causes(args, mask, *_):
         x, y = (np.broadcast_to(v, mask.shape) for v in args)
         p = (x[mask].astype(np.int64) - za) * (y[mask].astype(np.int64) - zb)
         return numerics.explain_diffs(p, ((float(sa), float(sb)), (float(sc),)))
@@ -351,11 +393,15 @@ def _matmul(st, rtype):
             out = numerics.requant_ort(acc(args), requant, a["output_zp"], a["output_min"], a["output_max"])
         return np.asarray(out).astype(rtype)
 
-    def causes(args, mask):
+    def causes(args, mask, *_):
         return numerics.explain_diffs(acc(args)[mask], ((float(dq[0]),), (ys,)))
     return _checked(fn, fn, causes)
 
 
-OPS = {"conv2d": _conv, "depthwise_conv2d": _conv, "fully_connected": _fc, "add": _add,
+def _rescale16(st, rtype):
+    return _checked(*int16.rescale_parts(st, rtype))
+
+
+OPS = {"conv2d": _conv, "depthwise_conv2d": _conv, "fully_connected": _fc, "add": _add, "rescale": _rescale16,
          "avg_pool2d": _avgpool, "maxpool2d": _maxpool, "table": _table, "act": _act, "mul": _mul,
          "fma": _fma, "reduce": _reduce, "matmul": _matmul}

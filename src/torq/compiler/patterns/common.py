@@ -154,22 +154,23 @@ class Ctx:
             return None
         return c, scale, zp
 
-    def original_bias(self, value):
-        """i32 bias of a conv init: unwrap broadcast and torch-mlir's Q(DQ(bias)) round trip."""
-        op = L.producer(value)
-        if op is not None and op.name == "linalg.broadcast":
-            value = op.operands[0]
-        op = L.producer(value)
-        g = self.generic(op)
+    def original_bias(self, value, op):
+        """i32 bias of a conv init in the accumulator scale: unwrap broadcast and torch-mlir's
+        Q(DQ(bias)) round trip, moving the bias into that scale exactly (a ``Fail`` when it is not
+        an integer there: ``numerics.bias_to_accumulator``). None when it is not constant."""
+        bop = L.producer(value)
+        if bop is not None and bop.name == "linalg.broadcast":
+            value = bop.operands[0]
+        qop = L.producer(value)
+        g = self.generic(qop)
+        if g is not None and not g.var_inputs and len(g.inputs) == 1:
+            g = self.generic(qop, force_var=(0,))         # all-constant: read it as Q(x), x = DQ(bias)
         if g is not None:
             q = R.as_quant(g)
             if q is not None:
                 inner = self.int_const_of_dequant(g.inputs[q.source_index])
-                if inner is not None and np.all(np.asarray(inner[2]) == 0):
-                    c = inner[0].astype(np.int64)
-                    requant = self.const(value)
-                    if requant is not None and np.array_equal(requant.astype(np.int64), c):
-                        return c
+                if inner is not None:
+                    return bias_to_accumulator(self, op, inner[0], inner[2], inner[1], q.scale)
         c = self.const(value)
         return None if c is None else c.astype(np.int64)
 
@@ -270,15 +271,44 @@ def int32_or_fail(ctx: Ctx, op, what: str, values) -> Fail | None:
     return ctx.fail(op, f"{what} {int(v[bad[0]])} (output channel {int(bad[0])}) exceeds int32")
 
 
-def folded_bias(ctx: Ctx, op, bias, in_zp: int, w_adj) -> np.ndarray:
+def bias_to_accumulator(ctx: Ctx, op, q_b, zp_b, s_b, s_acc) -> np.ndarray | Fail:
+    """The bias as an integer in the accumulator scale (the lecture's trap: its scale need not be
+    input_scale·weight_scale), or a ``Fail`` saying why there is none; checked against int32."""
+    fail = int32_or_fail(ctx, op, "bias − bias zero point",
+                         np.asarray(q_b, np.int64).reshape(-1) - np.asarray(zp_b, np.int64).reshape(-1))
+    if fail is not None:
+        return fail
+    try:
+        b = numerics.bias_to_accumulator(q_b, zp_b, s_b, s_acc)
+    except ValueError as e:
+        return ctx.fail(op, str(e))
+    fail = int32_or_fail(ctx, op, "bias in the accumulator scale", b)
+    return b if fail is None else fail
+
+
+#: Activation element types the NSS computes with: int8, and int16 (A16W8: the byte-plane path).
+ACTIVATION_DTYPES = (np.int8, np.int16)
+
+
+def activation_dtype(dt) -> bool:
+    return any(dt is t for t in ACTIVATION_DTYPES)
+
+
+def folded_bias(ctx: Ctx, op, bias, in_zp: int, w_adj, wide: bool = False) -> np.ndarray | Fail:
     """b' = b − in_zp·Σw′ per output channel, modulo 2**32 as the int32 register holds it.
 
     ORT accumulates ``Σ(x − in_zp)·w′ + b`` in int32 and wraps; ``Σx·w′ + b'`` wrapped the same
     way is congruent modulo 2**32, so the ACT sees the very same int32 whatever the range. A
     BatchNorm-folded "dust" channel (weights ~1e-8 of the layer's, int32 bias near its limit)
-    is therefore lowered exactly, not refused."""
+    is therefore lowered exactly, not refused.
+
+    ``wide`` (int16 input): b' must fit int32 as it is; the accumulator of a large layer may leave
+    int32 on extreme inputs, which the ACT's 32-bit sum wraps (``numerics.int16``, "overflow")."""
     w2 = np.asarray(w_adj, np.int64).reshape(len(bias), -1)
     folded = np.asarray(bias, np.int64) - int(in_zp) * w2.sum(axis=1)
+    if wide:
+        fail = int32_or_fail(ctx, op, "folded bias (bias − in_zp·Σw′)", folded)
+        return folded if fail is None else fail
     return folded.astype(np.int32).astype(np.int64)
 
 

@@ -7,6 +7,10 @@
     Q ∘ DQ ∘ collapse ∘ conv_2d_ngchw_gfchw_q ∘ expand ∘ pad    -> torq_hl.conv2d{groups=G}    (grouped)
     Q ∘ conv_1d_ncw_fcw(pad ∘ DQ, DQ(w)) + DQ(bias)            -> torq_hl.conv2d on H = 1     (Conv1D)
 
+int16 activations (A16W8) always take the f32 form (torch has no 16-bit quantized type) and
+land on the same ops with an i16 input and/or output: the NPU's byte-plane path
+(`numerics.int16`); only the folded bias must then fit int32.
+
 torch-mlir fuses only per-tensor operands into the `_q` convs; per-channel ones stay f32 convs
 between DQ/Q generics (research mlir-feasibility §7). Both land on the same NPU op: weights
 w' = w - w_zp, bias' = bias - in_zp·Σw', padding with in_zp, and a (multiplier, shift) rescale
@@ -21,7 +25,8 @@ import numpy as np
 from ... import numerics
 from .. import linalg_view as L
 from .. import recognise as R
-from .common import Ctx, Root, constant, emit, folded_bias, int32_or_fail, pad_constant, rescale, scalar, strip_pad
+from .common import (Ctx, Fail, Root, activation_dtype, bias_to_accumulator, constant, emit, folded_bias,
+                     pad_constant, rescale, scalar, strip_pad)
 
 
 @dataclass
@@ -56,7 +61,7 @@ def _per_tensor(ctx: Ctx, root: Root):
     d = R.as_dequant(g)
     if d is None or np.any(np.asarray(d.zp) != 0):
         return None
-    acc = g.inputs[d.source_index]
+    acc = _untruncated(ctx, g.inputs[d.source_index])
     conv = L.producer(acc)
     if conv is not None and conv.name == "tensor.collapse_shape":       # grouped: [N,G,O/G,H,W]
         conv = L.producer(conv.operands[0])
@@ -88,9 +93,11 @@ def _per_tensor(ctx: Ctx, root: Root):
     pv = pad_constant(ctx, padv)
     if padv is not None and pv != int(in_zp):
         return ctx.fail(conv, f"padding value {pv} is not the input zero point {int(in_zp)}")
-    bias = ctx.original_bias(init)
+    bias = ctx.original_bias(init, conv)
     if bias is None:
         return ctx.fail(conv, "bias is not a compile-time constant")
+    if isinstance(bias, Fail):
+        return bias
     if depthwise:  # init broadcast on NHWC output: [1,OH,OW,C] -> per-channel vector
         bias = bias.reshape(-1, bias.shape[-1])[0] if bias.ndim > 1 else bias
     elif bias.ndim > 1:
@@ -103,6 +110,17 @@ def _per_tensor(ctx: Ctx, root: Root):
                      O if depthwise else 1, wv if dynamic else None)
 
 
+def _untruncated(ctx: Ctx, value):
+    """The i64 accumulator under a trunci-to-i32 generic (torch-mlir's int16 `_q` conv
+    accumulates in i64; the truncation wraps like the NPU's 32-bit ACT sum), else value."""
+    g = ctx.generic(L.producer(value))
+    if g is not None and len(g.var_inputs) == 1 and g.parallel:
+        t = g.tree_or_none()
+        if isinstance(t, R.Node) and t.op == "arith.trunci" and isinstance(t.args[0], R.Arg):
+            return g.inputs[t.args[0].index]
+    return value
+
+
 def _unexpand(value):
     op = L.producer(value)
     return op.operands[0] if op is not None and op.name == "tensor.expand_shape" else None
@@ -113,8 +131,8 @@ def _grouped(ctx: Ctx, d, conv):
     in_zp, w_zp, w = ctx.const(in_zp_v), ctx.const(w_zp_v), ctx.const(wv)
     if in_zp is None or w_zp is None or w is None:
         return ctx.fail(conv, "weights or zero points are not compile-time constants")
-    inp, init = _unexpand(inp), _unexpand(init)
-    if inp is None or init is None:
+    inp, init = _unexpand(inp), _unexpand(init) or init     # (int16: a fill of the grouped shape)
+    if inp is None:
         return ctx.fail(conv, "grouped conv operands are not group reshapes")
     x, pad, padv = strip_pad(inp)
     if padv is not None and pad_constant(ctx, padv) != int(in_zp):
@@ -122,9 +140,13 @@ def _grouped(ctx: Ctx, d, conv):
     G = w.shape[0]
     w = w.reshape(-1, *w.shape[2:])                      # [G, O/G, C/G, KH, KW] -> [O, C/G, KH, KW]
     O = w.shape[0]
-    bias = ctx.original_bias(init)
+    bias = ctx.original_bias(init, conv)
     if bias is None:
         return ctx.fail(conv, "bias is not a compile-time constant")
+    if isinstance(bias, Fail):
+        return bias
+    if bias.ndim == 5:
+        bias = bias.reshape(bias.shape[0], O, *bias.shape[3:])
     bias = bias[0, :, 0, 0] if bias.ndim == 4 else bias.reshape(-1)[:O]
     return ConvMatch("conv2d", conv, x, w.astype(np.int64), int(w_zp), int(in_zp), bias.astype(np.int64),
                      np.full(O, np.float32(scalar(d.scale, "conv output scale")), np.float32), pad,
@@ -147,8 +169,8 @@ def _per_channel(ctx: Ctx, root: Root):
     one_d = conv.name == "linalg.conv_1d_ncw_fcw"
     inp, wv, init = conv.operands
     if groups > 1:
-        inp, init = _unexpand(inp), _unexpand(init)
-        if inp is None or init is None:
+        inp, init = _unexpand(inp), _unexpand(init) or init      # (no bias: a fill of the grouped shape)
+        if inp is None:
             return ctx.fail(conv, "grouped conv operands are not group reshapes")
     xin, pad, padv = strip_pad(inp)
     if padv is not None and pad_constant(ctx, padv) != 0.0:
@@ -178,14 +200,13 @@ def _per_channel(ctx: Ctx, root: Root):
         bq = ctx.int_const_of_dequant(bop.operands[0])
         if bq is None:
             return ctx.fail(conv, "bias is not a dequantized int32 constant")
-        bias = bq[0].astype(np.int64).reshape(O) - R.channel_vector(bq[2], 0, O, np.int64)
-        fail = int32_or_fail(ctx, conv, "bias − bias zero point", bias)
-        if fail is not None:
-            return fail
-        bscale = R.channel_vector(bq[1], 0, O, np.float32)
-        expect = numerics.dq_scale(scalar(xs, "input scale"), ws)
-        if not np.allclose(bscale, expect, rtol=1e-6, atol=0):
-            return ctx.fail(conv, "bias scale is not input_scale x weight_scale")
+        bscale, bzp = R.channel_vector(bq[1], 0, O, np.float32), R.channel_vector(bq[2], 0, O, np.int64)
+        if bscale is None or bzp is None:
+            return ctx.fail(conv, "bias scale/zero point must be per-tensor or per-output-channel")
+        bias = bias_to_accumulator(ctx, conv, bq[0].astype(np.int64).reshape(O), bzp, bscale,
+                                   numerics.dq_scale(scalar(xs, "input scale"), ws))
+        if isinstance(bias, Fail):
+            return bias
     elif ctx.const(init) is None or np.any(ctx.const(init) != 0):
         return ctx.fail(conv, "unsupported accumulator initialisation")
     try:
@@ -208,8 +229,10 @@ class QConv2D:
             return m
         if np.ndim(root.q.scale) or np.ndim(root.q.zp):
             return ctx.fail(m.conv, "output quantization is not per-tensor")
-        if root.q.out_dtype is not np.int8:
-            return ctx.fail(m.conv, f"output type {np.dtype(root.q.out_dtype).name} is not int8")
+        if not activation_dtype(root.q.out_dtype):
+            return ctx.fail(m.conv, f"output type {np.dtype(root.q.out_dtype).name} is neither int8 nor int16")
+        if not activation_dtype(L.np_dtype(m.x.type)):
+            return ctx.fail(m.conv, f"input type {L.np_dtype(m.x.type).name} is neither int8 nor int16")
         return m
 
     def rewrite(self, ctx: Ctx, root: Root, m: ConvMatch):
@@ -223,7 +246,10 @@ class QConv2D:
             weights, sb = _dynamic_weights(m, mults, loc, ip)
         else:
             w_adj = m.w - m.w_zp                                       # seed §4.3.1
-            bias = folded_bias(ctx, m.conv, m.bias, m.in_zp, w_adj)   # §4.3.2 + §4.3.3
+            bias = folded_bias(ctx, m.conv, m.bias, m.in_zp, w_adj,   # §4.3.2 + §4.3.3
+                               wide=L.np_dtype(m.x.type) is np.int16)
+            if isinstance(bias, Fail):
+                return bias
             mults, shift, bias, dq_scale, w_adj = rescale(m.dq_scale, ys, w_adj, bias, root.q)
             scale_bias = np.stack([bias, mults], axis=1).reshape(-1)   # [b0, m0, b1, m1, ...]
             weights = constant(w_adj, "i16" if m.w_zp != 0 else "i8", loc, ip)

@@ -3,6 +3,8 @@
     Q ∘ addf(DQ(a), DQ(b)) -> torq_hl.add
     Q ∘ mulf(DQ(a), DQ(b)) -> torq_hl.mul  (mode int8: (a - zp_a)(b - zp_b) rescaled by sa·sb/sc)
     (a or b may be an integer constant: Mul/Add by a quantized per-channel or scalar weight)
+Add also takes int16 activations (A16W8): ORT then runs DQ → float Add → Q, reproduced exactly
+in the `ort` rounding mode (numerics.add_float_ort).
 
 NPU form: t = (a - zp_a)·m_a + (b - zp_b)·m_b, one shared shift, NTP rounding (numerics.add_*).
 The reference compiler uses int16 multipliers; we keep int32 ones so the NPU result stays within
@@ -15,7 +17,7 @@ import numpy as np
 from ... import numerics
 from .. import linalg_view as L
 from .. import recognise as R
-from .common import Ctx, Root, emit, scalar
+from .common import Ctx, Root, activation_dtype, emit, scalar
 
 
 def _broadcastable(a, b, out):
@@ -50,9 +52,14 @@ class QBinary:
             return ctx.fail(op, f"input {e}")
         if not _broadcastable(L.shape_of(da[0]), L.shape_of(db[0]), L.shape_of(root.op.results[0])):
             return ctx.fail(op, "operands are not numpy-broadcastable to the output")
-        if np.ndim(root.q.scale) or root.q.out_dtype is not np.int8:
-            return ctx.fail(op, "output quantization is not per-tensor int8")
-        return (op, da[0], db[0], params)
+        if np.ndim(root.q.scale) or not activation_dtype(root.q.out_dtype):
+            return ctx.fail(op, "output quantization is not per-tensor int8 / int16")
+        if not all(activation_dtype(L.np_dtype(v.type)) for v in (da[0], db[0])):
+            return ctx.fail(op, "an input is neither int8 nor int16")
+        wide = any(L.np_dtype(v.type) is np.int16 for v in (da[0], db[0])) or root.q.out_dtype is np.int16
+        if wide and self.arith != "arith.addf":
+            return ctx.fail(op, "int16 activations: only Add is lowered (ORT runs a 16-bit Mul in float)")
+        return (op, da[0], db[0], params, wide)
 
 
 class QAdd(QBinary):
@@ -60,7 +67,7 @@ class QAdd(QBinary):
     arith = "arith.addf"
 
     def rewrite(self, ctx: Ctx, root: Root, m):
-        op, a, b, (sa, za, sb, zb) = m
+        op, a, b, (sa, za, sb, zb), wide = m
         sc = float(root.q.scale)
         ma, mb, shift = numerics.add_multipliers(sa, sb, sc)
         attrs = dict(input_zp=0, output_zp=int(root.q.zp), output_min=root.q.lo, output_max=root.q.hi,
@@ -68,8 +75,9 @@ class QAdd(QBinary):
                      input_zps=[za, zb], ort_input_scales=[sa, sb], ort_output_scale=[sc],
                      ort_zp_shift=ctx.ort_zp_shift,
                      # ORT fuses only an ONNX Add straight between DQs and a Q into QLinearAdd
+                     # (never with int16 activations: ORT has no 16-bit QLinearAdd)
                      ort_kernel="QLinearAdd" if ctx.onnx_op(op) in ("Add", "QLinearAdd", "") and not root.clamps
-                     else "float")
+                     and not wide else "float")
         return emit("add", root, [a, b], attrs, op)
 
 
@@ -78,7 +86,7 @@ class QMul(QBinary):
     arith = "arith.mulf"
 
     def rewrite(self, ctx: Ctx, root: Root, m):
-        op, a, b, (sa, za, sb, zb) = m
+        op, a, b, (sa, za, sb, zb), _ = m
         sc = float(root.q.scale)
         mult, shift = numerics.mul_multiplier(sa, sb, sc)
         attrs = dict(mode="int8", input_zps=[za, zb], output_zp=int(root.q.zp), output_min=root.q.lo,

@@ -17,7 +17,8 @@ from ... import numerics
 from .. import linalg_view as L
 from .. import recognise as R
 from .. import torq_hl
-from .common import Ctx, Root, constant, emit, empty, folded_bias, rescale, scalar
+from .common import (Ctx, Fail, Root, activation_dtype, bias_to_accumulator, constant, emit, empty, folded_bias,
+                     rescale, scalar)
 
 
 @dataclass
@@ -32,18 +33,18 @@ class FCMatch:
 
 
 def _bias_add(ctx: Ctx, value):
-    """value = addf(v, DQ(bias_i32 const)) -> (v, bias ints, bias scale) else (value, None, None)."""
+    """value = addf(v, DQ(bias const)) -> (v, (bias ints, bias scale, bias zp)) else (value, None)."""
     g = ctx.generic(L.producer(value))
     if g is None:
-        return value, None, None
+        return value, None
     hit = R.as_scalar_op(g, "arith.addf")
     if hit is None or len(g.consts) != 1:
-        return value, None, None
+        return value, None
     (ci,) = g.consts
     bq = ctx.int_const_of_dequant(g.inputs[ci])
     if bq is None:
-        return value, None, None
-    return g.inputs[g.var_inputs[0]], bq[0].astype(np.int64).ravel(), bq[1]
+        return value, None
+    return g.inputs[g.var_inputs[0]], (bq[0].astype(np.int64).ravel(), bq[1], bq[2])
 
 
 def _weight_matrix(ctx: Ctx, src):
@@ -94,7 +95,7 @@ class QFullyConnected:
     """Q ∘ (+bias) ∘ DQ ∘ (quantized_)matmul -> torq_hl.fully_connected"""
 
     def match(self, ctx: Ctx, root: Root):
-        v, bias, bscale = _bias_add(ctx, root.value)
+        v, bq = _bias_add(ctx, root.value)
         g = ctx.generic(L.producer(v))
         mm = _unexpanded(L.producer(v))
         if g is not None:
@@ -143,19 +144,28 @@ class QFullyConnected:
             return ctx.fail(mm, "the weight differs between batches (a matmul of two activations)")
         if len(L.shape_of(x)) not in (2, 3, 4):
             return ctx.fail(mm, "only 2-D to 4-D matmuls are lowered to fully_connected")
-        if bias is None:
+        if bq is None:
             bias = np.zeros(O, np.int64)
-        elif bias.size != O:
+        elif bq[0].size != O:
             return ctx.fail(mm, "bias is not one value per output")
-        if np.ndim(root.q.scale) or root.q.out_dtype is not np.int8:
-            return ctx.fail(mm, "output quantization is not per-tensor int8")
+        else:   # in the accumulator scale, exactly (the lecture's trap) or refused
+            bias = bias_to_accumulator(ctx, mm, bq[0], np.ravel(bq[2]), np.ravel(bq[1]), dq_scale)
+            if isinstance(bias, Fail):
+                return bias
+        if np.ndim(root.q.scale) or not activation_dtype(root.q.out_dtype):
+            return ctx.fail(mm, "output quantization is not per-tensor int8 / int16")
+        if not activation_dtype(L.np_dtype(x.type)):
+            return ctx.fail(mm, "input is neither int8 nor int16")
         return FCMatch(mm, x, w.astype(np.int64), w_zp, in_zp, np.broadcast_to(bias, (O,)).astype(np.int64), dq_scale)
 
     def rewrite(self, ctx: Ctx, root: Root, m: FCMatch):
         from torch_mlir import ir
         ys = np.float32(root.q.scale)
         w_adj = m.w - m.w_zp
-        bias = folded_bias(ctx, m.mm, m.bias, m.in_zp, w_adj)  # q_bias = q_b - Z_X·Σ q_W (lecture)
+        bias = folded_bias(ctx, m.mm, m.bias, m.in_zp, w_adj,  # q_bias = q_b - Z_X·Σ q_W (lecture)
+                           wide=L.np_dtype(m.x.type) is np.int16)
+        if isinstance(bias, Fail):
+            return bias
         mults, shift, bias, dq_scale, w_adj = rescale(m.dq_scale, ys, w_adj, bias, root.q)
         ip = ir.InsertionPoint(root.op)
         loc = m.mm.location

@@ -34,10 +34,14 @@ class QMovementChain:
         if dq is None:
             return ctx.fail(chain[0], "moved data is not dequantized from an integer tensor")
         x, xs, xz = dq
-        if np.ndim(xs) or np.ndim(xz) or np.ndim(root.q.scale) or L.np_dtype(x.type) is not np.int8 \
-                or root.q.out_dtype is not np.int8:
-            return ctx.fail(chain[0], "moved data is not per-tensor int8")
-        same = xs == root.q.scale and xz == root.q.zp and (root.q.lo, root.q.hi) == (-128, 127)
+        dt = L.np_dtype(x.type)
+        if np.ndim(xs) or np.ndim(xz) or np.ndim(root.q.scale) or dt not in (np.int8, np.int16) \
+                or root.q.out_dtype is not dt:
+            return ctx.fail(chain[0], "moved data is not per-tensor int8 / int16")
+        info = np.iinfo(dt)
+        same = xs == root.q.scale and xz == root.q.zp and (root.q.lo, root.q.hi) == (info.min, info.max)
+        if not same and dt is np.int16:
+            return ctx.fail(chain[0], "int16 data movement that requantizes is not lowered")
         return list(reversed(chain)), x, None if same else ctx.generic(L.producer(value))
 
     def rewrite(self, ctx: Ctx, root: Root, m):

@@ -24,7 +24,7 @@ import numpy as np
 from ... import numerics
 from .. import linalg_view as L
 from .. import recognise as R
-from .common import Ctx, Fail, Root, emit, lookup_table, pad_constant, scalar, strip_pad
+from .common import Ctx, Fail, Root, activation_dtype, emit, lookup_table, pad_constant, scalar, strip_pad
 
 
 def _window(op):
@@ -60,11 +60,14 @@ class QMaxPool:
         if dq is None:
             return ctx.fail(op, "MaxPool input is not dequantized from an integer tensor")
         x, xs, xz = dq
-        if np.ndim(xs) or np.ndim(xz) or L.np_dtype(x.type) is not np.int8 or root.q.out_dtype is not np.int8:
-            return ctx.fail(op, "MaxPool needs per-tensor int8 input and output")
+        if np.ndim(xs) or np.ndim(xz) or not activation_dtype(L.np_dtype(x.type)) \
+                or not activation_dtype(root.q.out_dtype):
+            return ctx.fail(op, "MaxPool needs per-tensor int8 / int16 input and output")
         if np.asarray(xs) <= 0:
             return ctx.fail(op, "MaxPool input scale is not positive")
-        same = xs == root.q.scale and xz == root.q.zp
+        same = xs == root.q.scale and xz == root.q.zp and L.np_dtype(x.type) is root.q.out_dtype
+        if not same and L.np_dtype(x.type) is np.int16:
+            return ctx.fail(op, "an int16 MaxPool that requantizes is not lowered")
         return (op, x, pad, None if same else L.producer(op.operands[0] if padv is None else xin))
 
     def rewrite(self, ctx: Ctx, root: Root, m):
@@ -204,8 +207,8 @@ def _averaging(ctx: Ctx, root: Root, op, x_f, what: str, pad, kernel):
     if dq is None:
         return ctx.fail(op, f"{what} input is not dequantized from an integer tensor")
     x, xs, xz = dq
-    if np.ndim(root.q.scale) or root.q.out_dtype is not np.int8:
-        return ctx.fail(op, "output quantization is not per-tensor int8")
+    if np.ndim(root.q.scale) or not activation_dtype(root.q.out_dtype) or not activation_dtype(L.np_dtype(x.type)):
+        return ctx.fail(op, "input and output quantization are not per-tensor int8 / int16")
     return (op, x, float(scalar(xs, "input scale")), int(scalar(xz, "input zero point")), pad, kernel)
 
 

@@ -1,4 +1,5 @@
-"""Any elementwise function of one int8 tensor becomes a 256-entry lookup table.
+"""Any elementwise function of one int8 tensor becomes a 256-entry lookup table (int8 or int16
+out: an int8 -> int16 conversion at a mixed-precision boundary is one, exact).
 
     Q ∘ f ∘ DQ  (f: elementwise generics of one DQ'd value, e.g. Sigmoid,
                  HardSwish x·relu6(x+3)/6, GELU x·(1+erf(x/√2))/2, x+1, x·0.5)       -> torq_hl.table
@@ -156,8 +157,8 @@ class QTable:
         clamps = [ctx.generic(c) for c in reversed(root.clamps)]   # the clamps folded into Q, in order
         if not fs and not clamps and not pre and _same_params(dq, root):
             return None
-        if L.np_dtype(x.type) is not np.int8 or root.q.out_dtype is not np.int8 or np.ndim(root.q.scale):
-            return ctx.fail((fs[0] if fs else dq).op, "table lookup needs int8 input and output")
+        if L.np_dtype(x.type) is not np.int8 or root.q.out_dtype not in (np.int8, np.int16) or np.ndim(root.q.scale):
+            return ctx.fail((fs[0] if fs else dq).op, "table lookup needs int8 input and int8 / int16 output")
         return pre, dq, fs, clamps, x
 
     def rewrite(self, ctx: Ctx, root: Root, m):

@@ -58,7 +58,10 @@ def build(name: str, compiled, *, cache_dir=None, rounding: str = "native") -> R
 def frontend(model, debug_ir=None, name=None):
     """``torq.compile`` of a layer/segment (shared by all executors); failures -> import_failed."""
     from ...compiled import compile as torq_compile
+    from ...errors import HostProblem
     try:
         return torq_compile(model, debug_ir=debug_ir, name=name)
+    except HostProblem:
+        raise                                    # --debug-ir not writable: not the layer's fault
     except Exception as e:  # noqa: BLE001
         raise ExecutorError("import_failed", f"compile failed: {one_line(e)}") from None

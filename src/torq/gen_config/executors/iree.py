@@ -32,23 +32,75 @@ def _compiler_version() -> str:
     return version("iree-base-compiler")
 
 
+_SEAL = b"torq-vmfb-sha256:"
+
+
+def _key(linalg_text: str, backend: str) -> str:
+    return hashlib.sha256(f"{_compiler_version()}|{backend}|".encode() + linalg_text.encode()).hexdigest()
+
+
+def vmfb_path(linalg_text: str, backend: str, cache_dir: str | Path) -> Path:
+    """Where ``compile_vmfb`` caches the module of ``linalg_text`` for ``backend``."""
+    return Path(cache_dir) / "iree" / f"{_key(linalg_text, backend)}.vmfb"
+
+
 def compile_vmfb(linalg_text: str, backend: str, cache_dir: str | Path | None = None) -> bytes:
-    """linalg MLIR text -> IREE flatbuffer for ``backend`` (vmvx | llvm-cpu), cached by content."""
-    key = hashlib.sha256(f"{_compiler_version()}|{backend}|".encode() + linalg_text.encode()).hexdigest()
-    path = Path(cache_dir) / "iree" / f"{key}.vmfb" if cache_dir else None
-    if path is not None and path.exists():
-        return path.read_bytes()
+    """linalg MLIR text -> IREE flatbuffer for ``backend`` (vmvx | llvm-cpu), cached by content.
+
+    A cached module carries the sha256 of its key and bytes (a trailer); a damaged or misplaced
+    one is recompiled and rewritten, and a cache we cannot write only costs speed."""
+    key = _key(linalg_text, backend)
+    path = vmfb_path(linalg_text, backend, cache_dir) if cache_dir else None
+    cached = _read_sealed(path, key) if path is not None else None
+    if cached is not None:
+        return cached
     import iree.compiler as ic
     flags = ["--iree-llvmcpu-target-cpu=host"] if backend == "llvm-cpu" else []
     try:
         vmfb = ic.compile_str(linalg_text, target_backends=[backend], input_type="none",
                               extra_args=flags)
     except Exception as e:  # noqa: BLE001 - IREE raises CompilerToolError with the full log
-        lines = [ln.strip() for ln in str(e).splitlines() if "error:" in ln]
-        raise IreeCompileError(f"IREE {backend} compile failed: {(lines or [type(e).__name__])[0][:300]}") from None
+        raise IreeCompileError(f"IREE {backend} compile failed: {_first_error(str(e)) or type(e).__name__}") from None
     if path is not None:
-        atomic_write_bytes(path, vmfb)
+        try:
+            atomic_write_bytes(path, vmfb + _SEAL + _seal(key, vmfb))
+        except OSError:
+            pass
     return vmfb
+
+
+_HOST_FAILURES = ("failed to generate temporary file", "No space left", "Permission denied",
+                  "File name too long", "Read-only file system", "Cannot allocate memory")
+
+
+def _first_error(log: str) -> str:
+    """The line of IREE's log that says what went wrong: an ``error:`` line, else a line about
+    the machine (temp files, disk, memory), else empty."""
+    lines = [ln.strip() for ln in log.splitlines()]
+    for ln in lines:
+        if "error:" in ln:
+            return ln[:300]
+    for ln in lines:
+        for marker in _HOST_FAILURES:
+            if marker in ln:
+                return ln[ln.index(marker):][:200].split("Please report")[0]
+    return ""
+
+
+def _seal(key: str, body: bytes) -> bytes:
+    """sha256 of the module *and* its cache key: a module moved under another key is refused."""
+    return hashlib.sha256(key.encode() + b"|" + body).hexdigest().encode()
+
+
+def _read_sealed(path: Path, key: str) -> bytes | None:
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return None
+    body, sep, digest = data.rpartition(_SEAL)
+    if not sep or _seal(key, body) != digest:
+        return None
+    return body
 
 
 @dataclass

@@ -36,7 +36,8 @@ def is_fp32(model) -> bool:
     return not is_quantized(model) and not is_bf16(model)
 
 
-def _program_path(model, cache_dir) -> Path:
+def program_path(model, cache_dir) -> Path:
+    """Where ``from_model`` caches the Program of ``model``."""
     from ..._version import __version__
     from ...program import FORMAT_VERSION
     key = hashlib.sha256(f"torq {__version__} program {FORMAT_VERSION}|".encode() + model.SerializeToString())
@@ -47,13 +48,15 @@ def from_model(model, *, cache_dir, rounding: str = "native", recompute: bool = 
     """The NSS runnable of an ONNX model, from its cached Program when there is one."""
     from ...program import Program
     from ...runtime.nss import Simulator
-    path = _program_path(model, cache_dir)
+    path = program_path(model, cache_dir)
     program = None
     if path.exists() and not recompute:
         try:
             program = Program.load(path)
         except Exception:  # noqa: BLE001 - a damaged cache entry is recompiled
             program = None
+        if program is not None and program.cache_key != path.stem:
+            program = None               # a valid program of another model, moved here
     if program is None:
         try:
             program = frontend(model).program
@@ -62,7 +65,7 @@ def from_model(model, *, cache_dir, rounding: str = "native", recompute: bool = 
         except Exception as e:  # noqa: BLE001
             raise ExecutorError("no_pattern", one_line(e) + (FP32_HINT if is_fp32(model) else "")) from None
         try:
-            program.save(path)
+            program.save(path, cache_key=path.stem)
         except OSError:
             pass  # a read-only cache only costs speed
     sim = Simulator(program)

@@ -59,6 +59,7 @@ Layout: activations [N, C, H, W]; conv weights [O, C/groups, KH, KW]; fc weights
 """
 from __future__ import annotations
 
+from .byteplanes import ByteConv, ByteFc
 from .conv import ConvPlan, conv2d_acc
 from .gemm import AccParts, FcPlan, conv_out_size, fc_acc
 from .pool import maxpool, pool_sum
@@ -66,5 +67,5 @@ from . import depthwise
 from .tables import BYTE_TYPES, byte_grid, pair_lookup
 from .workspace import Workspace, thread_workspace
 
-__all__ = ["conv_out_size", "conv2d_acc", "fc_acc", "pool_sum", "maxpool", "ConvPlan", "FcPlan",
+__all__ = ["ByteConv", "ByteFc", "conv_out_size", "conv2d_acc", "fc_acc", "pool_sum", "maxpool", "ConvPlan", "FcPlan",
            "AccParts", "BYTE_TYPES", "byte_grid", "pair_lookup", "Workspace", "thread_workspace"]

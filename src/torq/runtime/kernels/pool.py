@@ -33,6 +33,9 @@ def pool_sum(x, kernel, stride, pad_lrtb=(0, 0, 0, 0), count_include_pad: bool =
     pl, pr, pt, pb = _pads(pad_lrtb)
     OH = conv_out_size(H, kh, sh, 1, pt, pb)
     OW = conv_out_size(W, kw, sw, 1, pl, pr)
+    if (kh, kw) == (H, W) and not any((pl, pr, pt, pb)):     # global: one window, no padding
+        sums = x.reshape(N, C, H * W).sum(axis=2, dtype=np.int64) - int(zp) * H * W
+        return sums.reshape(N, C, 1, 1), np.full((1, 1), H * W, dtype=np.int64)
     d = np.zeros((N, C, H + pt + pb, W + pl + pr), dtype=np.int32)
     inner = d[:, :, pt:pt + H, pl:pl + W]
     inner[...] = x

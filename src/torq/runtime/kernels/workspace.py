@@ -45,9 +45,11 @@ def empty(ws: Workspace | None, name: str, shape, dtype) -> np.ndarray:
 _local = threading.local()
 
 
-def thread_workspace() -> Workspace:
-    """This thread's workspace (simulator runs in several threads each use their own)."""
-    ws = getattr(_local, "ws", None)
+def thread_workspace(which: str = "ws") -> Workspace:
+    """This thread's workspace (simulator runs in several threads each use their own); a second
+    name gives a second one (the high byte plane's accumulator lives while the low one runs)."""
+    ws = getattr(_local, which, None)
     if ws is None:
-        ws = _local.ws = Workspace()
+        ws = Workspace()
+        setattr(_local, which, ws)
     return ws

@@ -1,0 +1,211 @@
+"""``--precision auto --accuracy-budget X``: the fewest int16 layers (by MACs) that keep the model
+within X of FP32, chosen by measurement on calibration data only.
+
+1. Sensitivity (``sensitivity.measure``) on the calibration split: each layer's output KL with
+   only that layer in int8.
+2. Layers are ranked by KL per MAC (what int16 buys per unit of int16 work) and promoted as a
+   prefix of that ranking: the smallest prefix whose quantized model (the caller's recipe with
+   those layers in int16, ``quantize_fn``) is within the budget on a *held-apart* calibration
+   split, found by doubling then bisection. The budget is top-1 disagreement with FP32 in
+   percentage points (the held-apart images are unlabelled; a top-1 accuracy difference is at
+   most the disagreement). Promotion stops at ``max_int16_share`` of the MACs.
+3. The result says, per layer, what it chose and why (``AutoPrecision.layers``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+
+from ..errors import TorqError
+from .sensitivity import LayerSensitivity, batched, measure, samples_of, softmax_kl
+
+
+@dataclass(frozen=True)
+class LayerChoice:
+    name: str
+    op_type: str
+    macs: int
+    kl: float
+    sqnr_db: float
+    precision: str          # "int8" | "int16"
+    why: str
+
+    def to_json(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass
+class AutoPrecision:
+    precision: dict                     # {node: "int16"} (every other layer int8)
+    layers: list                        # [LayerChoice], graph order
+    budget: float                       # allowed top-1 disagreement with FP32, percentage points
+    disagreement: float                 # that of the chosen model on the held-apart split
+    kl: float                           # its mean output KL vs FP32 there
+    met: bool
+    int8_mac_share: float
+    holdout_images: int
+    trials: list = field(default_factory=list)   # [{"promoted", "int16_mac_share", "disagreement", "kl"}]
+
+    def to_json(self) -> dict:
+        return {"budget_top1_points": self.budget, "met": self.met,
+                "holdout_images": self.holdout_images, "disagreement_top1_points": self.disagreement,
+                "kl": self.kl, "int8_mac_share": self.int8_mac_share,
+                "int16_layers": sorted(self.precision), "trials": self.trials,
+                "layers": [c.to_json() for c in self.layers]}
+
+
+def outputs_of(model: onnx.ModelProto, samples: list[dict], fused: bool = True) -> np.ndarray:
+    """First output of ``model`` on the samples, rows = samples (ORT; int8 QDQ fused)."""
+    from ..reference import session
+    sess = session(model, fused=fused)
+    name = sess.get_outputs()[0].name
+    rows = [np.asarray(sess.run([name], s)[0], np.float64) for s in samples]
+    out = np.concatenate([r.reshape(-1, r.shape[-1]) for r in rows])
+    return out
+
+
+def compare(reference: np.ndarray, got: np.ndarray) -> tuple[float, float]:
+    """(top-1 disagreement in percentage points, mean softmax KL) of two logit matrices."""
+    if reference.shape[-1] < 2:
+        raise TorqError("--precision auto compares top-1 with FP32: the model's first output must have "
+                        "at least two classes on its last axis")
+    dis = 100.0 * float(np.mean(reference.argmax(-1) != got.argmax(-1)))
+    return dis, softmax_kl(reference, got)
+
+
+def choose(fp32: onnx.ModelProto, quantize_fn, calibration: list[dict], holdout: list[dict], budget: float,
+           max_int16_share: float = 0.10, progress=None) -> AutoPrecision:
+    """See the module docstring. ``quantize_fn(precision) -> quantized model`` (float I/O or
+    full-integer with the same input; ``precision`` a {node: "int16"} dict); ``calibration`` /
+    ``holdout``: disjoint lists of input dicts."""
+    if not holdout:
+        raise TorqError("--precision auto needs held-apart calibration images (none left after the split)")
+    say = progress or (lambda *_: None)
+    sens = measure(fp32, calibration, progress=lambda i, n, name: say(f"sensitivity {i + 1}/{n}: {name}"))
+    total = sum(s.macs for s in sens) or 1
+    ranked = sorted((s for s in sens if s.kl > 0), key=lambda s: -s.kl / max(s.macs, 1))
+    reference = outputs_of(fp32, batched(fp32, holdout), fused=False)
+    cache: dict[int, tuple] = {}
+
+    def trial(k: int):
+        if k not in cache:
+            prec = {s.name: "int16" for s in ranked[:k]}
+            say(f"trying {k} int16 layers")
+            model = quantize_fn(prec)
+            dis, kl = compare(reference, outputs_of(model, holdout))
+            cache[k] = (dis, kl, sum(s.macs for s in ranked[:k]) / total)
+        return cache[k]
+
+    cap = _cap(ranked, total, max_int16_share)
+    k = _search(trial, budget, cap)
+    if trial(k)[0] > budget:          # never within: the best prefix tried (disagreement, then KL)
+        k = min(cache, key=lambda n: (cache[n][0], cache[n][1], n))
+    return _result(sens, ranked, k, cap, budget, trial(k), cache, total, len(reference))
+
+
+def _cap(ranked: list[LayerSensitivity], total: int, share: float) -> int:
+    """The longest prefix of ``ranked`` within ``share`` of the MACs."""
+    macs, k = 0, 0
+    for s in ranked:
+        if (macs + s.macs) / total > share:
+            break
+        macs += s.macs
+        k += 1
+    return k
+
+
+def _search(trial, budget: float, cap: int) -> int:
+    """Smallest prefix length k <= cap with trial(k) within budget (doubling, then bisection on
+    the assumption that more int16 never hurts); cap when none is (the caller then takes the
+    best prefix it tried: a few held-apart images make the disagreement noisy)."""
+    if trial(0)[0] <= budget or cap == 0:
+        return 0
+    lo, hi = 0, 1
+    while hi < cap and trial(hi)[0] > budget:
+        lo, hi = hi, min(cap, hi * 2)
+    if trial(hi)[0] > budget:
+        return cap
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if trial(mid)[0] > budget else (lo, mid)
+    return hi
+
+
+def _result(sens, ranked, k, cap, budget, chosen, cache, total, images) -> AutoPrecision:
+    dis, kl, share = chosen
+    promoted = {s.name for s in ranked[:k]}
+    rank = {s.name: i + 1 for i, s in enumerate(ranked)}
+    met = dis <= budget
+    layers = []
+    for s in sens:
+        mac = f"{100 * s.macs / total:.2f} % of MACs"
+        if s.name in promoted:
+            why = (f"int16: rank {rank[s.name]} by KL per MAC (KL {s.kl:.2e} in int8, {mac}); "
+                   f"the budget needed the first {k}")
+        elif not met and s.name in rank and rank[s.name] > cap:
+            why = f"int8: promoting it would pass the int16 MAC cap ({mac}, rank {rank[s.name]})"
+        elif not met and s.name in rank:
+            why = (f"int8: the budget was not met by any prefix tried; the first {k} were the closest "
+                   f"({dis:.2f} top-1 points)")
+        elif k == 0:
+            why = f"int8: all-int8 is within the budget ({dis:.2f} <= {budget:g} top-1 points)"
+        else:
+            why = f"int8: the budget held with the {k} layers ranked above it" if s.name in rank else \
+                "int8: no measurable sensitivity"
+        layers.append(LayerChoice(s.name, s.op_type, s.macs, s.kl, s.sqnr_db,
+                                  "int16" if s.name in promoted else "int8", why))
+    trials = [{"promoted": n, "int16_mac_share": round(v[2], 6), "disagreement": v[0], "kl": v[1]}
+              for n, v in sorted(cache.items())]
+    return AutoPrecision({n: "int16" for n in sorted(promoted)}, layers, budget, dis, kl, met,
+                         1.0 - share, images, trials)
+
+
+def split_holdout(samples: list[dict], holdout: int | None = None) -> tuple[list, list]:
+    """(calibration, held-apart) samples: the last ``holdout`` (default a third, at least one)."""
+    n = len(samples)
+    h = max(1, n // 3) if holdout is None else int(holdout)
+    if not 0 < h < n:
+        raise TorqError(f"--holdout {h}: need at least one calibration and one held-apart sample of {n}")
+    return samples[:n - h], samples[n - h:]
+
+
+def apply_auto(recipe, src: onnx.ModelProto, reader, *, where: str = "model", wrap_lone_ops: bool = False):
+    """``recipe.apply`` for ``--precision auto``: the calibration samples split (last third held
+    apart), the recipe's fp32 transforms and ranges on the calibration part, the int16 layers
+    chosen (``choose``), the final model quantized with them and the choice stamped on it
+    (``precision.stamp``). Returns a ``recipe.Quantized`` whose recipe names the chosen layers."""
+    from .calibration import ArrayDataReader
+    from .precision import name_nodes, stamp
+    from .recipe import Quantized, prepare, quantize_prepared
+    calib, hold = split_holdout(samples_of(reader))
+    base = recipe.replace(precision=tuple(p for p in recipe.precision if p[0] != "*"))
+    prepared = name_nodes(prepare(base, src, ArrayDataReader(calib)))
+
+    def with_layers(chosen: dict):
+        return base.replace(precision=tuple(sorted({**dict(base.precision), **chosen}.items())))
+
+    def trial(chosen: dict):
+        return quantize_prepared(with_layers(chosen).replace(full_integer=False), prepared,
+                                 ArrayDataReader(calib), where=where)
+    result = choose(prepared, trial, calib, hold, recipe.accuracy_budget)
+    final = with_layers(result.precision)
+    q = quantize_prepared(final, prepared, ArrayDataReader(calib), where=where, wrap_lone_ops=wrap_lone_ops)
+    return Quantized(stamp(q, result.to_json()), prepared, final)
+
+
+def resolve_auto(recipe, model):
+    """The concrete recipe ``--precision auto`` resolves to for ``model`` (the chosen int16 layers
+    as NODE=int16 entries): what discover / run carry layer by layer. Deterministic for the same
+    model, recipe and calibration data."""
+    from rich.console import Console
+
+    from .recipe import apply, recipe_of
+    if ("*", "auto") not in recipe.precision:
+        return recipe
+    if not recipe.calibration_data:
+        raise TorqError("--precision auto needs real calibration data (--calibration-data): the choice is "
+                        "measured against FP32 on held-apart samples")
+    with Console(stderr=True).status("--precision auto: measuring which layers need int16 ..."):
+        return recipe_of(apply(recipe, model).model)

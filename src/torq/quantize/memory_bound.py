@@ -1,0 +1,71 @@
+"""How much memory calibration or a batch will take, known from the declared shapes *before*
+anything is allocated: a 645-byte model declaring a 1x3x8192x8192 input must be a one-line
+refusal, not 12 GiB of resident memory.
+
+ONNX Runtime's calibrators keep every quantized tensor of every calibration sample until they
+compute the ranges, so a sample costs the sum of the model's tensor sizes (inputs and every
+intermediate value ONNX shape inference can type; a dynamic dim counts as 1).
+"""
+from __future__ import annotations
+
+import math
+
+import onnx
+
+from ..errors import TorqError
+
+FRACTION = 0.6                  # of the memory available now
+_BYTES = {onnx.TensorProto.FLOAT: 4, onnx.TensorProto.DOUBLE: 8, onnx.TensorProto.FLOAT16: 2,
+          onnx.TensorProto.BFLOAT16: 2, onnx.TensorProto.INT8: 1, onnx.TensorProto.UINT8: 1,
+          onnx.TensorProto.INT16: 2, onnx.TensorProto.INT32: 4, onnx.TensorProto.INT64: 8,
+          onnx.TensorProto.BOOL: 1}
+
+
+def available_bytes() -> int:
+    """MemAvailable (Linux), else a generous 8 GiB."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 8 << 30
+
+
+def _value_bytes(v: onnx.ValueInfoProto) -> int:
+    t = v.type.tensor_type
+    if not t.HasField("shape"):
+        return 0
+    dims = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else 1 for d in t.shape.dim]
+    return math.prod(dims) * _BYTES.get(t.elem_type, 4)
+
+
+def sample_bytes(model: onnx.ModelProto) -> tuple[int, int]:
+    """(bytes of the graph inputs, bytes of every typed tensor) of one sample."""
+    inits = {t.name for t in model.graph.initializer}
+    inputs = sum(_value_bytes(v) for v in model.graph.input if v.name not in inits)
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+        values = list(inferred.graph.value_info) + list(inferred.graph.output)
+    except Exception:  # noqa: BLE001 - a model shape inference cannot type: inputs only
+        values = []
+    return inputs, inputs + sum(_value_bytes(v) for v in values)
+
+
+def check(model: onnx.ModelProto, samples: int, what: str, flag: str) -> None:
+    """A TorqError when ``samples`` samples would not fit in ``FRACTION`` of the free memory."""
+    inputs, per_sample = sample_bytes(model)
+    budget = int(available_bytes() * FRACTION)
+    need = samples * per_sample
+    if need <= budget:
+        return
+    fits = budget // per_sample if per_sample else 0
+    advice = f"use {flag} {fits} or fewer" if fits >= 1 else "the model's declared input is too large for this machine"
+    raise TorqError(f"{what}: {samples} sample(s) of {_gib(per_sample)} each (inputs {_gib(inputs)}, plus "
+                    f"every intermediate tensor) need {_gib(need)}, more than the {_gib(budget)} this "
+                    f"machine can spare; {advice}")
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**28 else f"{n / 2**20:.1f} MiB"

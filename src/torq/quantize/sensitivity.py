@@ -1,0 +1,238 @@
+"""Per-layer sensitivity to int8 activations, measured on calibration data only.
+
+For each layer (``precision.layers``) the fp32 model is run with *only that layer's output*
+fake-quantized to int8 (QuantizeLinear → DequantizeLinear with ONNX Runtime's own MinMax scale
+and zero point from the calibration ranges); everything else stays fp32, and the weights do
+not take part (they are int8 at every activation precision). The output is compared with the
+fp32 model's on the same samples: mean KL divergence of the softmax (classifiers) and SQNR of
+the raw outputs. A layer whose int8 output costs a lot of KL gains most from int16.
+
+The quantized tensor is the layer's output after any single-consumer chain of Relu / Clip
+(ORT folds those into the range of the layer's QuantizeLinear).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from .calibration import probe_session
+from .precision import layers, name_nodes
+
+
+@dataclass(frozen=True)
+class LayerSensitivity:
+    name: str
+    op_type: str
+    tensor: str             # the activation quantized for this layer
+    macs: int               # multiply-accumulates per sample (output elements for MAC-free ops)
+    kl: float               # mean KL(fp32 || this layer's output in int8), nats
+    sqnr_db: float          # output SQNR with this layer's output in int8
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "op_type": self.op_type, "tensor": self.tensor, "macs": self.macs,
+                "kl": self.kl, "sqnr_db": self.sqnr_db}
+
+
+def samples_of(reader, limit: int | None = None) -> list[dict]:
+    """The reader's samples (rewound first and after), at most ``limit``."""
+    for name in ("rewind", "reset"):
+        if callable(getattr(reader, name, None)):
+            getattr(reader, name)()
+            break
+    out = []
+    for s in iter(reader.get_next, None):
+        out.append(s)
+        if limit and len(out) >= limit:
+            break
+    for name in ("rewind", "reset"):
+        if callable(getattr(reader, name, None)):
+            getattr(reader, name)()
+            break
+    return out
+
+
+def measure(fp32: onnx.ModelProto, samples: list[dict], progress=None) -> list[LayerSensitivity]:
+    """Sensitivity of every layer of ``fp32`` (named nodes: ``precision.name_nodes``)."""
+    model = onnx.shape_inference.infer_shapes(name_nodes(fp32))
+    targets = _layer_tensors(model)
+    outputs = [o.name for o in model.graph.output]
+    samples = batched(model, samples)
+    ranges = _ranges(model, [t for _, t in targets], samples)
+    reference = _run(model, outputs, samples)
+    macs = layer_macs(model)
+    op = {n.name: n.op_type for n in model.graph.node}
+    out = []
+    for i, (name, tensor) in enumerate(targets):
+        if progress:
+            progress(i, len(targets), name)
+        lo, hi = ranges[tensor]
+        got = _run(_fake_quant(model, tensor, lo, hi), outputs, samples)
+        kl, sqnr = _compare(reference, got)
+        out.append(LayerSensitivity(name, op[name], tensor, int(macs.get(name, 0)), kl, sqnr))
+    return out
+
+
+def batched(model: onnx.ModelProto, samples: list[dict]) -> list[dict]:
+    """The samples as one batch when every input has a dynamic first dim and the samples stack
+    (one ORT run instead of one per sample), else as they are."""
+    dims = [v.type.tensor_type.shape.dim for v in model.graph.input
+            if v.name not in {t.name for t in model.graph.initializer}]
+    if len(samples) < 2 or not all(d and not d[0].HasField("dim_value") for d in dims):
+        return samples
+    try:
+        return [{k: np.concatenate([s[k] for s in samples]) for k in samples[0]}]
+    except ValueError:
+        return samples
+
+
+def _layer_tensors(model: onnx.ModelProto) -> list[tuple[str, str]]:
+    """(layer, the float tensor its int8 quantization applies to) for every layer with a float output."""
+    consumers: dict[str, list] = {}
+    for n in model.graph.node:
+        for i in n.input:
+            consumers.setdefault(i, []).append(n)
+    floats = {v.name for v in [*model.graph.value_info, *model.graph.output]
+              if v.type.tensor_type.elem_type == onnx.TensorProto.FLOAT}
+    wanted = set(layers(model))
+    out = []
+    for n in model.graph.node:
+        if n.name not in wanted or not n.output or n.output[0] not in floats:
+            continue
+        t = n.output[0]
+        while len(consumers.get(t, [])) == 1 and consumers[t][0].op_type in ("Relu", "Clip"):
+            t = consumers[t][0].output[0]
+        out.append((n.name, t))
+    return out
+
+
+def _ranges(model, tensors, samples) -> dict:
+    """tensor -> (min, max) over the samples (the model run as written, tensors exposed)."""
+    sess = probe_session(model, tensors)
+    lo = {t: np.inf for t in tensors}
+    hi = {t: -np.inf for t in tensors}
+    for s in samples:
+        for t, v in zip(tensors, sess.run(tensors, s)):
+            lo[t] = min(lo[t], float(np.min(v)))
+            hi[t] = max(hi[t], float(np.max(v)))
+    return {t: (lo[t], hi[t]) for t in tensors}
+
+
+def _run(model, outputs, samples) -> list:
+    """The outputs per sample batch, ORT with its graph optimisations (the reference and every
+    variant alike: float reassociation there is ~1e-4 of the logits, the int8 effect ~1e-1)."""
+    import onnxruntime as ort
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    return [sess.run(outputs, s) for s in samples]
+
+
+def int8_qparams(lo: float, hi: float) -> tuple[np.float32, np.int8]:
+    """ONNX Runtime's MinMax activation parameters for int8 (asymmetric, range holding 0)."""
+    from onnxruntime.quantization.quant_utils import compute_scale_zp
+    zp, scale = compute_scale_zp(np.array(min(lo, 0.0), np.float32), np.array(max(hi, 0.0), np.float32),
+                                 np.array(-128, np.int8), np.array(127, np.int8), symmetric=False)
+    return np.float32(scale), np.int8(zp)
+
+
+def _fake_quant(model: onnx.ModelProto, tensor: str, lo: float, hi: float) -> onnx.ModelProto:
+    """``model`` with ``tensor`` replaced, for all its readers, by Q → DQ int8 of it."""
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    scale, zp = int8_qparams(lo, hi)
+    s_name, z_name, q_name, dq_name = (f"{tensor}__sens_{k}" for k in ("scale", "zp", "q", "dq"))
+    m.graph.initializer.extend([numpy_helper.from_array(np.array(scale, np.float32), s_name),
+                                numpy_helper.from_array(np.array(zp, np.int8), z_name)])
+    for n in m.graph.node:
+        for k, i in enumerate(n.input):
+            if i == tensor:
+                n.input[k] = dq_name
+    for o in m.graph.output:
+        if o.name == tensor:         # a graph output itself: quantize it in place of its producer
+            return _fake_quant_output(m, tensor, s_name, z_name, q_name, dq_name)
+    at = next(k for k, n in enumerate(m.graph.node) if tensor in n.output) + 1
+    m.graph.node.insert(at, helper.make_node("DequantizeLinear", [q_name, s_name, z_name], [dq_name]))
+    m.graph.node.insert(at, helper.make_node("QuantizeLinear", [tensor, s_name, z_name], [q_name]))
+    return m
+
+
+def _fake_quant_output(m, tensor, s_name, z_name, q_name, dq_name):
+    src = f"{tensor}__sens_src"
+    for n in m.graph.node:
+        for k, o in enumerate(n.output):
+            if o == tensor:
+                n.output[k] = src
+        for k, i in enumerate(n.input):
+            if i == dq_name:
+                n.input[k] = src
+    m.graph.node.extend([helper.make_node("QuantizeLinear", [src, s_name, z_name], [q_name]),
+                         helper.make_node("DequantizeLinear", [q_name, s_name, z_name], [tensor])])
+    return m
+
+
+def _compare(reference, got) -> tuple[float, float]:
+    """(mean softmax KL over samples and rows of the first output, SQNR dB over all outputs)."""
+    kls, sig, err = [], 0.0, 0.0
+    for ref, out in zip(reference, got):
+        for r, o in zip(ref, out):
+            r64, o64 = np.asarray(r, np.float64), np.asarray(o, np.float64)
+            sig += float(np.sum(r64 ** 2))
+            err += float(np.sum((r64 - o64) ** 2))
+        r, o = (np.asarray(v[0], np.float64).reshape(-1, np.shape(v[0])[-1]) for v in (ref, out))
+        kls.append(softmax_kl(r, o))
+    sqnr = 10 * np.log10(sig / err) if err > 0 else float("inf")
+    return float(np.mean(kls)), float(sqnr)
+
+
+def softmax_kl(ref_logits: np.ndarray, logits: np.ndarray) -> float:
+    """Mean over rows of KL(softmax(ref) || softmax(other)), nats."""
+    def log_softmax(z):
+        z = z - z.max(axis=-1, keepdims=True)
+        return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
+    lp, lq = log_softmax(ref_logits), log_softmax(logits)
+    return float(np.mean(np.sum(np.exp(lp) * (lp - lq), axis=-1)))
+
+
+def layer_macs(model: onnx.ModelProto) -> dict[str, int]:
+    """Multiply-accumulates per sample of each node (output elements for MAC-free layers);
+    ``model`` with inferred shapes."""
+    shapes = {v.name: [d.dim_value or 1 for d in v.type.tensor_type.shape.dim]
+              for v in [*model.graph.value_info, *model.graph.input, *model.graph.output]}
+    shapes.update({t.name: list(t.dims) for t in model.graph.initializer})
+    out = {}
+    for n in model.graph.node:
+        y = shapes.get(n.output[0]) if n.output else None
+        if not y:
+            continue
+        elems = int(np.prod(y[1:])) if len(y) > 1 else int(np.prod(y))
+        if n.op_type in ("Conv", "ConvTranspose") and len(n.input) > 1 and n.input[1] in shapes:
+            w = shapes[n.input[1]]
+            out[n.name] = elems * int(np.prod(w[1:]))
+        elif n.op_type in ("Gemm", "MatMul") and len(n.input) > 1 and n.input[1] in shapes:
+            w = shapes[n.input[1]]
+            trans_b = any(a.name == "transB" and a.i for a in n.attribute)
+            k = w[-1] if (n.op_type == "Gemm" and trans_b) else w[-2] if len(w) > 1 else w[0]
+            out[n.name] = elems * int(k)
+        else:
+            out[n.name] = elems
+    return out
+
+
+def precision_summary(fp32: onnx.ModelProto, qmodel: onnx.ModelProto) -> dict:
+    """What a quantized model holds, per precision: its int16 layers and the share of MACs each
+    precision carries (MACs from ``fp32``'s shapes, per sample), plus the auto-precision report
+    stamped on it, if any."""
+    from .precision import precision_of, stamped
+    macs = layer_macs(onnx.shape_inference.infer_shapes(fp32))
+    prec = precision_of(qmodel)
+    total = sum(macs.get(n, 0) for n in prec) or 1
+    share = {p: sum(macs.get(n, 0) for n, q in prec.items() if q == p) / total for p in ("int8", "int16")}
+    out = {"int16_layers": sorted(n for n, p in prec.items() if p == "int16"),
+           "mac_share": {k: round(v, 6) for k, v in share.items()}}
+    report = stamped(qmodel)
+    if report is not None:
+        out["auto"] = report
+    return out

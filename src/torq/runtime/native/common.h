@@ -1,0 +1,99 @@
+/* Shared by the native kernels (conv.c, depthwise.c): the requantisation of an accumulator row
+ * (torq/numerics/act.h), the structs the Python side fills (runtime/native/ops.py), per-thread
+ * scratch, and the in-bounds columns of a stride phase. */
+#ifndef TORQ_COMMON_H
+#define TORQ_COMMON_H
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include "act.h"
+#include "pool.h"
+
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512F__)
+#define TORQ_VNNI 1
+#else
+#define TORQ_VNNI 0
+#endif
+
+#define R 8             /* output channels per register block */
+
+typedef struct {
+    const int32_t *adj;         /* [O] added to the raw dot product (bias, -128 sum w), int32 wrap */
+    const int32_t *mult;        /* [O] native multipliers */
+    const float *scale;         /* [O] ORT float32 requant scales */
+    int32_t shift, even, zp, lo, hi, ort;
+} torq_rq;
+
+typedef struct {
+    int32_t N, C, H, W;         /* input */
+    int32_t G, Cg, Og;          /* groups; input / output channels per group */
+    int32_t OH, OW;
+    int32_t T, nph;             /* kernel taps; stride phases */
+    int32_t rows, Wq;           /* every phase image is rows x Wq pixels */
+    int32_t sh, sw, pt, pl;
+    int32_t padv;               /* padding value (the input zero point, int8) */
+    int32_t L, Lpad, Lph;       /* pixels computed (OH * Wq), rounded up to 16, allocated per phase */
+    const int32_t *ph_ab;       /* [nph][2] phase (row, column) residue */
+    const int32_t *tap_ph;      /* [T] phase of each tap */
+    const int32_t *tap_off;     /* [T] pixel offset of each tap inside its phase */
+} torq_geom;
+
+/* A buffer of at least n bytes owned by the calling thread, reused from call to call (no fresh
+ * pages per step); the kernels of one call share it with their helpers through the job. */
+static inline uint8_t *thread_scratch(size_t n)
+{
+    static _Thread_local uint8_t *buf;
+    static _Thread_local size_t cap;
+    if (cap < n) {
+        free(buf);
+        buf = aligned_alloc(64, (n + 63) / 64 * 64);
+        cap = buf ? n : 0;
+        if (!buf)
+            abort();
+    }
+    return buf;
+}
+
+/* ------------------------------------------------------------------ requantisation of a row */
+
+static inline void requant_row(const int32_t *acc, int n, int o, const torq_rq *q, int8_t *dst)
+{
+    const int32_t adj = q->adj[o];
+    if (q->ort) {
+        const float flo = (float)(q->lo - q->zp), fhi = (float)(q->hi - q->zp);
+        for (int i = 0; i < n; i++)
+            dst[i] = (int8_t)torq_requant_ort((int32_t)((uint32_t)acc[i] + (uint32_t)adj), q->scale[o], q->zp, flo, fhi);
+    } else {
+        for (int i = 0; i < n; i++)
+            dst[i] = (int8_t)torq_act_native((int32_t)((uint32_t)acc[i] + (uint32_t)adj), q->mult[o], q->shift,
+                                             q->even, q->zp, q->lo, q->hi);
+    }
+}
+
+#if TORQ_VNNI
+/* 16 accumulators of output channel o (adj included) -> 16 bytes */
+static inline __m128i requant16(__m512i acc, int o, const torq_rq *q)
+{
+    if (q->ort)
+        return torq_requant_ort_x16(acc, _mm512_set1_ps(q->scale[o]), q->zp, (float)(q->lo - q->zp),
+                                    (float)(q->hi - q->zp));
+    return torq_act_native_x16(acc, _mm512_set1_epi32(q->mult[o]), q->shift, q->even, q->zp, q->lo, q->hi);
+}
+#endif
+
+/* The in-bounds output columns [q0, q1) of a phase row: 0 <= q * sw + b - pl < W. */
+static inline void col_range(const torq_geom *g, int b, int *q0, int *q1)
+{
+    const int lo = g->pl - b;                            /* q * sw >= lo */
+    int a0 = lo <= 0 ? 0 : (lo + g->sw - 1) / g->sw;
+    int a1 = (g->W + lo + g->sw - 1) / g->sw;            /* q * sw < W + lo */
+    if (a1 > g->Wq)
+        a1 = g->Wq;
+    if (a0 > a1)
+        a0 = a1;
+    *q0 = a0;
+    *q1 = a1;
+}
+
+#endif

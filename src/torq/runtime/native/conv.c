@@ -1,0 +1,279 @@
+/* The native engine's int8 kernels: convolution (any groups / stride / dilation / padding),
+ * depthwise convolution and fully connected, each with its requantisation fused, bit-identical
+ * to the reference simulator (runtime/kernels + torq/numerics).
+ *
+ * Exactness: every product sum is computed in integers (u8 x s8 -> int32, VNNI vpdpbusd or
+ * plain C), or, for depthwise, in float32 where the caller has proven |every partial sum| < 2**24
+ * (then float32 holds each one exactly, in any order). The int8 input x is fed to vpdpbusd as
+ * the unsigned byte x + 128 (x ^ 0x80); the constant 128 * sum(w) per output channel is taken
+ * off again in ``adj`` (with the bias), so the accumulator is the exact integer. It is wrapped to
+ * int32 (as the hardware's register) and requantised by torq/numerics/act.h.
+ *
+ * Convolution layout: NCHW in and out. The padded input is split in stride "phases" (one per
+ * (row, column) residue of the stride), each stored as channel quads [C/4][rows][Wq][4] of
+ * bytes; then every tap of the kernel is a constant offset into a phase, and the convolution is
+ * a GEMM over the flat output pixel index p = row * Wq + column ("wide" rows: the Wq - OW junk
+ * columns are computed and dropped). Lanes are 16 output pixels, registers hold 8 output
+ * channels x 1-3 pixel vectors; weights are broadcast 4 bytes (one channel quad) at a time.
+ */
+#include "common.h"
+
+int torq_features(void)
+{
+    return TORQ_VNNI;
+}
+
+static inline void fill32(uint8_t *d, int n, uint32_t v)
+{
+    for (int i = 0; i < n; i++)
+        memcpy(d + 4 * i, &v, 4);
+}
+
+/* d[4q + l] = s_l[q * sw] ^ 0x80 for q < n (4 channel rows into quads) */
+static void interleave4(uint8_t *d, const int8_t *s0, const int8_t *s1, const int8_t *s2, const int8_t *s3, int n,
+                        int sw)
+{
+    int q = 0;
+#if TORQ_VNNI
+    if (sw == 1) {
+        const __m128i f = _mm_set1_epi8((char)0x80);
+        for (; q + 16 <= n; q += 16) {
+            const __m128i a0 = _mm_xor_si128(_mm_loadu_si128((const __m128i *)(s0 + q)), f);
+            const __m128i a1 = _mm_xor_si128(_mm_loadu_si128((const __m128i *)(s1 + q)), f);
+            const __m128i a2 = _mm_xor_si128(_mm_loadu_si128((const __m128i *)(s2 + q)), f);
+            const __m128i a3 = _mm_xor_si128(_mm_loadu_si128((const __m128i *)(s3 + q)), f);
+            const __m128i lo01 = _mm_unpacklo_epi8(a0, a1), hi01 = _mm_unpackhi_epi8(a0, a1);
+            const __m128i lo23 = _mm_unpacklo_epi8(a2, a3), hi23 = _mm_unpackhi_epi8(a2, a3);
+            _mm_storeu_si128((__m128i *)(d + 4 * q), _mm_unpacklo_epi16(lo01, lo23));
+            _mm_storeu_si128((__m128i *)(d + 4 * q + 16), _mm_unpackhi_epi16(lo01, lo23));
+            _mm_storeu_si128((__m128i *)(d + 4 * q + 32), _mm_unpacklo_epi16(hi01, hi23));
+            _mm_storeu_si128((__m128i *)(d + 4 * q + 48), _mm_unpackhi_epi16(hi01, hi23));
+        }
+    }
+#endif
+    for (; q < n; q++) {
+        d[4 * q] = (uint8_t)s0[q * sw] ^ 0x80;
+        d[4 * q + 1] = (uint8_t)s1[q * sw] ^ 0x80;
+        d[4 * q + 2] = (uint8_t)s2[q * sw] ^ 0x80;
+        d[4 * q + 3] = (uint8_t)s3[q * sw] ^ 0x80;
+    }
+}
+
+/* Phase k, channel quad cq of channels [c0, c0 + Cg) of image x [C][H][W] as u8 quads
+ * (x ^ 0x80); channels past Cg are 0 (their weights are 0). */
+static void pack_phase(const int8_t *x, const torq_geom *g, int c0, uint8_t *ph, int k, int cq)
+{
+    const int CQ = (g->Cg + 3) / 4;
+    const uint8_t padu = (uint8_t)g->padv ^ 0x80;
+    const size_t plane = (size_t)g->Lph * 4;
+    {
+        {
+            const int a = g->ph_ab[2 * k], b = g->ph_ab[2 * k + 1];
+            const int nreal = g->Cg - 4 * cq < 4 ? g->Cg - 4 * cq : 4;
+            uint8_t pat[4] = {0, 0, 0, 0};
+            for (int l = 0; l < nreal; l++)
+                pat[l] = padu;
+            uint32_t pad32;
+            memcpy(&pad32, pat, 4);
+            int q0, q1;
+            col_range(g, b, &q0, &q1);
+            uint8_t *dst = ph + ((size_t)k * CQ + cq) * plane;
+            for (int r = 0; r < g->rows; r++) {
+                const int y = r * g->sh + a - g->pt;
+                uint8_t *d = dst + (size_t)r * g->Wq * 4;
+                if (y < 0 || y >= g->H) {
+                    fill32(d, g->Wq, pad32);
+                    continue;
+                }
+                fill32(d, q0, pad32);
+                fill32(d + 4 * q1, g->Wq - q1, pad32);
+                const int8_t *s[4] = {0, 0, 0, 0};
+                for (int l = 0; l < nreal; l++)
+                    s[l] = x + ((size_t)(c0 + 4 * cq + l) * g->H + y) * g->W + q0 * g->sw + b - g->pl;
+                if (nreal == 4) {
+                    interleave4(d + 4 * q0, s[0], s[1], s[2], s[3], q1 - q0, g->sw);
+                    continue;
+                }
+                for (int q = 0; q < q1 - q0; q++)
+                    for (int l = 0; l < 4; l++)
+                        d[4 * (q0 + q) + l] = l < nreal ? ((uint8_t)s[l][q * g->sw] ^ 0x80) : 0;
+            }
+            memset(dst + (size_t)g->rows * g->Wq * 4, 0, plane - (size_t)g->rows * g->Wq * 4);
+        }
+    }
+}
+
+#if TORQ_VNNI
+/* dot products of R channels x P pixel vectors at pixel p0; w [T][CQ][R][4] of this block */
+static inline __attribute__((always_inline)) void
+tile_vnni(const uint8_t *ph, const torq_geom *g, int CQ, const int8_t *w, int p0, int P, const torq_rq *q,
+          int ob, int Og, int8_t *obuf, size_t ostride)
+{
+    __m512i acc[R][3];
+    const size_t plane = (size_t)g->Lph * 4, phstride = plane * CQ;
+    for (int r = 0; r < R; r++) {                  /* adj first: int32 sums wrap alike in any order */
+        const __m512i a = _mm512_set1_epi32(ob * R + r < Og ? q->adj[ob * R + r] : 0);
+        for (int k = 0; k < P; k++)
+            acc[r][k] = a;
+    }
+    for (int t = 0; t < g->T; t++) {
+        const uint8_t *xb = ph + g->tap_ph[t] * phstride + (size_t)(g->tap_off[t] + p0) * 4;
+        for (int cq = 0; cq < CQ; cq++, xb += plane, w += R * 4) {
+            __m512i xv[3];
+            for (int k = 0; k < P; k++)
+                xv[k] = _mm512_loadu_si512(xb + 64 * k);
+            for (int r = 0; r < R; r++) {
+                const __m512i wb = _mm512_set1_epi32(((const int32_t *)w)[r]);
+                for (int k = 0; k < P; k++)
+                    acc[r][k] = _mm512_dpbusd_epi32(acc[r][k], xv[k], wb);
+            }
+        }
+    }
+    const torq_rq qq = *q;          /* a local copy: the byte stores below cannot alias it */
+    for (int r = 0; r < R; r++) {
+        const int o = ob * R + r;
+        if (o >= Og)
+            break;
+        for (int k = 0; k < P; k++)
+            _mm_storeu_si128((__m128i *)(obuf + (size_t)o * ostride + p0 + 16 * k), requant16(acc[r][k], o, &qq));
+    }
+}
+
+static void tile_p1(const uint8_t *ph, const torq_geom *g, int CQ, const int8_t *w, int p0, const torq_rq *q,
+                    int ob, int Og, int8_t *obuf, size_t ostride) { tile_vnni(ph, g, CQ, w, p0, 1, q, ob, Og, obuf, ostride); }
+static void tile_p2(const uint8_t *ph, const torq_geom *g, int CQ, const int8_t *w, int p0, const torq_rq *q,
+                    int ob, int Og, int8_t *obuf, size_t ostride) { tile_vnni(ph, g, CQ, w, p0, 2, q, ob, Og, obuf, ostride); }
+static void tile_p3(const uint8_t *ph, const torq_geom *g, int CQ, const int8_t *w, int p0, const torq_rq *q,
+                    int ob, int Og, int8_t *obuf, size_t ostride) { tile_vnni(ph, g, CQ, w, p0, 3, q, ob, Og, obuf, ostride); }
+#endif
+
+/* Portable form of a tile (16 * P pixels), same results. */
+__attribute__((unused)) static void tile_generic(const uint8_t *ph, const torq_geom *g, int CQ, const int8_t *w, int p0, int P,
+                         const torq_rq *q, int ob, int Og, int8_t *obuf, size_t ostride)
+{
+    int32_t acc[R][48];
+    const int n = 16 * P;
+    const size_t plane = (size_t)g->Lph * 4, phstride = plane * CQ;
+    memset(acc, 0, sizeof acc);
+    for (int t = 0; t < g->T; t++) {
+        const uint8_t *xb = ph + g->tap_ph[t] * phstride + (size_t)(g->tap_off[t] + p0) * 4;
+        for (int cq = 0; cq < CQ; cq++, xb += plane, w += R * 4) {
+            for (int r = 0; r < R; r++) {
+                const int32_t w0 = w[4 * r], w1 = w[4 * r + 1], w2 = w[4 * r + 2], w3 = w[4 * r + 3];
+                for (int i = 0; i < n; i++)
+                    acc[r][i] += xb[4 * i] * w0 + xb[4 * i + 1] * w1 + xb[4 * i + 2] * w2 + xb[4 * i + 3] * w3;
+            }
+        }
+    }
+    for (int r = 0; r < R; r++) {
+        const int o = ob * R + r;
+        if (o >= Og)
+            break;
+        requant_row(acc[r], n, o, q, obuf + (size_t)o * ostride + p0);
+    }
+}
+
+/* One group of one image, shared by the chunks of its parallel loops. */
+typedef struct {
+    const int8_t *x, *w;            /* image; this group's packed weights */
+    const torq_geom *g;
+    torq_rq q;                      /* this group's requantisation */
+    uint8_t *ph;
+    int8_t *obuf, *out;             /* tiles write obuf (stride ostride); out: the group's planes */
+    size_t ostride, wblock;
+    int c0, CQ, OB, ntiles, n3, rest, per;   /* per: tiles per chunk */
+} conv_job;
+
+static void pack_chunk(void *ctx, int i)
+{
+    const conv_job *j = ctx;
+    pack_phase(j->x, j->g, j->c0, j->ph, i / j->CQ, i % j->CQ);
+}
+
+static void tiles_chunk(void *ctx, int i)
+{
+    const conv_job *j = ctx;
+    const int total = j->OB * j->ntiles, end = (i + 1) * j->per < total ? (i + 1) * j->per : total;
+    for (int t = i * j->per; t < end; t++) {
+        const int ob = t / j->ntiles, tl = t % j->ntiles;
+        const int8_t *w = j->w + (size_t)ob * j->wblock;
+        const int p0 = tl * 48, P = tl < j->n3 ? 3 : j->rest;
+#if TORQ_VNNI
+        if (P == 3)
+            tile_p3(j->ph, j->g, j->CQ, w, p0, &j->q, ob, j->g->Og, j->obuf, j->ostride);
+        else if (P == 2)
+            tile_p2(j->ph, j->g, j->CQ, w, p0, &j->q, ob, j->g->Og, j->obuf, j->ostride);
+        else
+            tile_p1(j->ph, j->g, j->CQ, w, p0, &j->q, ob, j->g->Og, j->obuf, j->ostride);
+#else
+        tile_generic(j->ph, j->g, j->CQ, w, p0, P, &j->q, ob, j->g->Og, j->obuf, j->ostride);
+#endif
+    }
+}
+
+static void compact_chunk(void *ctx, int o)
+{
+    const conv_job *j = ctx;
+    const torq_geom *g = j->g;
+    int8_t *dst = j->out + (size_t)o * g->OH * g->OW;
+    for (int r = 0; r < g->OH; r++)
+        memcpy(dst + (size_t)r * g->OW, j->obuf + (size_t)o * g->Lpad + (size_t)r * g->Wq, g->OW);
+}
+
+/* x [N][C][H][W] int8 -> out [N][G*Og][OH][OW] int8. wpack [G][OB][T][CQ][R][4]; rq indexed by
+ * the output channel of the whole layer. Scratch: phases (nph * CQ * Lph * 4 bytes) then the
+ * wide output of one group (Og * Lpad bytes). */
+int torq_conv_i8(const int8_t *x, int8_t *out, const int8_t *wpack, const torq_geom *g, const torq_rq *rq,
+                 int nthreads)
+{
+    conv_job j;
+    const int CQ = (g->Cg + 3) / 4;
+    uint8_t *scratch = thread_scratch((size_t)g->nph * CQ * g->Lph * 4 + (size_t)g->Og * g->Lpad);
+    j.g = g;
+    j.CQ = (g->Cg + 3) / 4;
+    j.OB = (g->Og + R - 1) / R;
+    j.wblock = (size_t)g->T * j.CQ * R * 4;
+    j.ph = scratch;
+    const int nvec = g->Lpad / 16;
+    j.n3 = nvec / 3;
+    j.rest = nvec % 3;
+    j.ntiles = j.n3 + (j.rest ? 1 : 0);
+    j.per = j.OB * j.ntiles / (nthreads * 8) + 1;
+    const int direct = g->Wq == g->OW && g->L == g->Lpad;      /* tiles write the output itself */
+    j.ostride = direct ? (size_t)g->L : (size_t)g->Lpad;
+    const int O = g->G * g->Og, nchunks = (j.OB * j.ntiles + j.per - 1) / j.per;
+    for (int n = 0; n < g->N; n++) {
+        for (int gi = 0; gi < g->G; gi++) {
+            j.x = x + (size_t)n * g->C * g->H * g->W;
+            j.c0 = gi * g->Cg;
+            j.w = wpack + (size_t)gi * j.OB * j.wblock;
+            j.q = *rq;
+            j.q.adj += gi * g->Og;
+            j.q.mult += gi * g->Og;
+            j.q.scale += gi * g->Og;
+            j.out = out + ((size_t)n * O + gi * g->Og) * g->OH * g->OW;
+            j.obuf = direct ? j.out : (int8_t *)(scratch + (size_t)g->nph * j.CQ * g->Lph * 4);
+            torq_parallel_for(g->nph * j.CQ, pack_chunk, &j, nthreads);
+            torq_parallel_for(nchunks, tiles_chunk, &j, nthreads);
+            if (!direct)
+                torq_parallel_for(g->Og, compact_chunk, &j, nthreads);
+        }
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------ numerics check */
+
+/* The requantisation of n accumulators of channel 0 of rq (adj included), through the same code
+ * the kernels use (vector and scalar parts): tests hold it against torq.numerics. */
+int torq_requant_i8(const int32_t *acc, int n, const torq_rq *rq, int8_t *out)
+{
+    int i = 0;
+#if TORQ_VNNI
+    for (; i + 16 <= n; i += 16)
+        _mm_storeu_si128((__m128i *)(out + i),
+                         requant16(_mm512_add_epi32(_mm512_loadu_si512(acc + i), _mm512_set1_epi32(rq->adj[0])), 0, rq));
+#endif
+    requant_row(acc + i, n - i, 0, rq, out + i);
+    return 0;
+}

@@ -1,0 +1,217 @@
+/* The native engine's depthwise convolution and fully connected layer (see conv.c for the
+ * exactness rules): depthwise in float32, exact because the caller checked 128 * sum|w| < 2**24
+ * per channel; fully connected with 16 output channels per vector. */
+#include "common.h"
+
+/* ------------------------------------------------------------------ depthwise convolution */
+
+#if TORQ_VNNI
+/* P vectors of 16 outputs from wide index p0: sum over taps of w[t] * phase pixels (exact),
+ * requantised; P a constant at each call so the accumulators stay in registers. */
+static inline __attribute__((always_inline)) void
+dw_vectors(const float *ph, const torq_geom *g, const float *w, int p0, int P, __m512i adj, int c,
+           const torq_rq *q, __m128i *res)
+{
+    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+    for (int t = 0; t < g->T; t++) {
+        const float *src = ph + (size_t)g->tap_ph[t] * g->Lph + g->tap_off[t] + p0;
+        const __m512 wv = _mm512_set1_ps(w[t]);
+        for (int k = 0; k < P; k++)
+            acc[k] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(src + 16 * k), acc[k]);   /* exact */
+    }
+    for (int k = 0; k < P; k++)
+        res[k] = requant16(_mm512_add_epi32(_mm512_cvtps_epi32(acc[k]), adj), c, q);
+}
+
+static void dw_vectors_n(const float *ph, const torq_geom *g, const float *w, int p0, int P, __m512i adj, int c,
+                         const torq_rq *q, __m128i *res)
+{
+    switch (P) {
+    case 4: dw_vectors(ph, g, w, p0, 4, adj, c, q, res); break;
+    case 3: dw_vectors(ph, g, w, p0, 3, adj, c, q, res); break;
+    case 2: dw_vectors(ph, g, w, p0, 2, adj, c, q, res); break;
+    default: dw_vectors(ph, g, w, p0, 1, adj, c, q, res); break;
+    }
+}
+#endif
+
+/* One channel plane: float phases, float accumulation (exact: the caller bounds every partial
+ * sum below 2**24), requantised row by row straight into the output plane dst (returns 1), or
+ * for planes narrower than a vector into the wide row obuf [Lpad] (returns 0). */
+static int dw_plane(const int8_t *x, const float *w, const torq_geom *g, int c, const torq_rq *rq, float *ph,
+                    int8_t *obuf, int8_t *dst)
+{
+    const torq_rq qq = *rq, *q = &qq;   /* a local copy: the byte stores below cannot alias it */
+    const float padf = (float)g->padv;
+    for (int k = 0; k < g->nph; k++) {
+        const int a = g->ph_ab[2 * k], b = g->ph_ab[2 * k + 1];
+        float *dst = ph + (size_t)k * g->Lph;
+        int q0, q1;
+        col_range(g, b, &q0, &q1);
+        for (int r = 0; r < g->rows; r++) {
+            const int y = r * g->sh + a - g->pt;
+            float *d = dst + (size_t)r * g->Wq;
+            if (y < 0 || y >= g->H) {
+                for (int qq = 0; qq < g->Wq; qq++)
+                    d[qq] = padf;
+                continue;
+            }
+            for (int qq = 0; qq < q0; qq++)
+                d[qq] = padf;
+            for (int qq = q1; qq < g->Wq; qq++)
+                d[qq] = padf;
+            const int8_t *restrict src = x + (size_t)y * g->W + q0 * g->sw + b - g->pl;
+            float *restrict dd = d + q0;
+            const int n = q1 - q0;
+            int i = 0;
+#if TORQ_VNNI
+            if (g->sw == 2)             /* even bytes of 32 int16 lanes: sign-extend the low byte */
+                for (; i + 16 <= n && 2 * i + 32 <= g->W - (q0 * g->sw + b - g->pl); i += 16) {
+                    __m256i v = _mm256_loadu_si256((const __m256i *)(src + 2 * i));
+                    v = _mm256_srai_epi16(_mm256_slli_epi16(v, 8), 8);
+                    _mm512_storeu_ps(dd + i, _mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(v)));
+                }
+#endif
+#if TORQ_VNNI
+            if (g->sw == 1) {
+                for (; i + 16 <= n; i += 16)
+                    _mm512_storeu_ps(dd + i, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(src + i)))));
+                if (i < n) {
+                    const __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
+                    _mm512_mask_storeu_ps(dd + i, m, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, src + i))));
+                    i = n;
+                }
+            }
+#endif
+            for (; i < n; i++)
+                dd[i] = (float)src[i * g->sw];
+        }
+        memset(dst + (size_t)g->rows * g->Wq, 0, ((size_t)g->Lph - (size_t)g->rows * g->Wq) * sizeof(float));
+    }
+#if TORQ_VNNI
+    const __m512i adj = _mm512_set1_epi32(q->adj[c]);
+    __m128i res[4];
+    if (g->OW >= 16) {
+        const int nv = (g->OW + 15) / 16;
+        const __mmask16 tail = (__mmask16)((1u << (g->OW - 16 * (nv - 1))) - 1);
+        for (int r = 0; r < g->OH; r++) {
+            for (int v0 = 0; v0 < nv; v0 += 4) {
+                const int P = nv - v0 < 4 ? nv - v0 : 4;
+                dw_vectors_n(ph, g, w, r * g->Wq + 16 * v0, P, adj, c, q, res);
+                for (int k = 0; k < P; k++)
+                    _mm_mask_storeu_epi8(dst + (size_t)r * g->OW + 16 * (v0 + k), v0 + k == nv - 1 ? tail : 0xFFFF,
+                                         res[k]);
+            }
+        }
+        return 1;
+    }
+    for (int p0 = 0; p0 < g->Lpad; p0 += 64) {
+        const int P = (g->Lpad - p0) >= 64 ? 4 : (g->Lpad - p0) / 16;
+        dw_vectors_n(ph, g, w, p0, P, adj, c, q, res);
+        for (int k = 0; k < P; k++)
+            _mm_storeu_si128((__m128i *)(obuf + p0 + 16 * k), res[k]);
+    }
+#else
+    int32_t acc[64];
+    for (int p0 = 0; p0 < g->Lpad; p0 += 64) {
+        const int n = (g->Lpad - p0) >= 64 ? 64 : g->Lpad - p0;
+        float f[64] = {0};
+        for (int t = 0; t < g->T; t++) {
+            const float *src = ph + (size_t)g->tap_ph[t] * g->Lph + g->tap_off[t] + p0;
+            for (int i = 0; i < n; i++)
+                f[i] += w[t] * src[i];
+        }
+        for (int i = 0; i < n; i++)
+            acc[i] = (int32_t)f[i];
+        requant_row(acc, n, c, q, obuf + p0);
+    }
+#endif
+    (void)dst;
+    return 0;
+}
+
+typedef struct {
+    const int8_t *x;
+    int8_t *out;
+    const float *wf;
+    const torq_geom *g;
+    const torq_rq *rq;
+} dw_job;
+
+/* one channel plane of one image; each thread keeps its scratch (phases, wide row) */
+static void dw_chunk(void *ctx, int i)
+{
+    static _Thread_local uint8_t *buf;
+    static _Thread_local size_t cap;
+    const dw_job *j = ctx;
+    const torq_geom *g = j->g;
+    const size_t phb = (size_t)g->nph * g->Lph * sizeof(float), need = phb + g->Lpad + 64;
+    if (cap < need) {
+        free(buf);
+        buf = malloc(need);
+        cap = buf ? need : 0;
+        if (!buf)
+            abort();
+    }
+    const int c = i % g->C;
+    int8_t *dst = j->out + (size_t)i * g->OH * g->OW;
+    if (dw_plane(j->x + (size_t)i * g->H * g->W, j->wf + (size_t)c * g->T, g, c, j->rq, (float *)buf,
+                 (int8_t *)(buf + phb), dst))
+        return;
+    for (int r = 0; r < g->OH; r++)
+        memcpy(dst + (size_t)r * g->OW, buf + phb + (size_t)r * g->Wq, g->OW);
+}
+
+/* x [N][C][H][W] -> out [N][C][OH][OW]; wf [C][T] float weights. */
+int torq_dw_i8(const int8_t *x, int8_t *out, const float *wf, const torq_geom *g, const torq_rq *rq, int nthreads)
+{
+    dw_job j = {x, out, wf, g, rq};
+    torq_parallel_for(g->N * g->C, dw_chunk, &j, nthreads);
+    return 0;
+}
+
+/* ------------------------------------------------------------------ fully connected */
+
+/* x [M][K] int8 -> out [M][O] int8; wpack [O/16][KQ][16][4] (O, K zero-padded). Lanes are 16
+ * output channels. */
+int torq_fc_i8(const int8_t *x, int8_t *out, const int8_t *wpack, int M, int K, int O, const torq_rq *rq)
+{
+    const int KQ = (K + 3) / 4, OB = (O + 15) / 16;
+    uint8_t *scratch = thread_scratch((size_t)KQ * 4 + 64);
+    for (int m = 0; m < M; m++) {
+        uint8_t *xq = scratch;
+        for (int k = 0; k < KQ * 4; k++)
+            xq[k] = k < K ? ((uint8_t)x[(size_t)m * K + k] ^ 0x80) : 0;
+        for (int ob = 0; ob < OB; ob++) {
+            const int8_t *w = wpack + (size_t)ob * KQ * 64;
+            int32_t acc[16];
+#if TORQ_VNNI
+            __m512i a[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(),
+                            _mm512_setzero_si512()};
+            int kq = 0;
+            for (; kq + 4 <= KQ; kq += 4)
+                for (int j = 0; j < 4; j++)
+                    a[j] = _mm512_dpbusd_epi32(a[j], _mm512_set1_epi32(((const int32_t *)xq)[kq + j]),
+                                               _mm512_loadu_si512(w + (size_t)(kq + j) * 64));
+            for (; kq < KQ; kq++)
+                a[0] = _mm512_dpbusd_epi32(a[0], _mm512_set1_epi32(((const int32_t *)xq)[kq]),
+                                           _mm512_loadu_si512(w + (size_t)kq * 64));
+            _mm512_storeu_si512(acc, _mm512_add_epi32(_mm512_add_epi32(a[0], a[1]), _mm512_add_epi32(a[2], a[3])));
+#else
+            memset(acc, 0, sizeof acc);
+            for (int kq = 0; kq < KQ; kq++)
+                for (int l = 0; l < 16; l++)
+                    for (int j = 0; j < 4; j++)
+                        acc[l] += xq[4 * kq + j] * w[(size_t)kq * 64 + 4 * l + j];
+#endif
+            const int n = O - ob * 16 < 16 ? O - ob * 16 : 16;
+            for (int l = 0; l < n; l++) {
+                int8_t v;
+                requant_row(&acc[l], 1, ob * 16 + l, rq, &v);
+                out[(size_t)m * O + ob * 16 + l] = v;
+            }
+        }
+    }
+    return 0;
+}
+

@@ -1,0 +1,257 @@
+"""Native kernels of the torq_hl ops the engine compiles: int8 conv2d / depthwise_conv2d /
+fully_connected with their rescale fused (``conv.c``, ``depthwise.c``).
+
+``make(step, rtype, reference)`` returns the step function ``fn(args, rounding)`` of the native
+engine, or None when the op is not one it compiles; ``fn`` itself hands a call to the reference
+kernel whenever its preconditions fail at run time (an operand that is not int8, weights outside
+int8, a multiplier outside int32, an accumulator bound the depthwise float path cannot hold), so
+every program runs, with native speed where the preconditions hold and the reference results
+everywhere. The reference kernel's per-op check (``fn.check``) is kept: ``verify`` then judges
+the native output against the plain numpy formula.
+"""
+from __future__ import annotations
+
+import ctypes
+import threading
+import weakref
+
+import numpy as np
+
+from ... import numerics
+from ..kernels import conv_out_size
+from ..kernels.gemm import _pads
+from ..ops import _cached_plan
+from .build import TorqGeom, TorqRq, library
+
+R = 8                                   # output channels per register block (the C kernels)
+_F24 = (1 << 24) - 1
+_local = threading.local()
+
+
+def set_threads(n: int) -> None:
+    """Threads the kernels of the calling thread's runs use (``Simulator.run`` sets it)."""
+    _local.threads = max(1, int(n))
+
+
+def _threads() -> int:
+    return getattr(_local, "threads", 1)
+
+
+def _ptr(a: np.ndarray) -> int:
+    return a.ctypes.data
+
+
+class _Outputs:
+    """A step's output arrays, one per thread, reused from run to run (``Simulator.run`` copies
+    the program's outputs, so no caller ever holds one), with their addresses: computing an
+    address through ctypes costs microseconds, and a run has ~60 steps. Owned by the step's
+    plan, so they go when the program goes."""
+
+    def __init__(self):
+        self._bufs: dict = {}
+
+    def get(self, shape) -> tuple[np.ndarray, int]:
+        tid = threading.get_ident()
+        b = self._bufs.get(tid)
+        if b is None or b[0].shape != shape:
+            arr = np.empty(shape, dtype=np.int8)
+            b = self._bufs[tid] = (arr, arr.ctypes.data)
+            known = _local.__dict__.setdefault("addrs", {})
+            if len(known) > 4096:
+                known.clear()
+            known[id(arr)] = (weakref.ref(arr), b[1])
+        return b
+
+
+def _address(x: np.ndarray) -> int:
+    """The address of x: looked up when x is a step output made in this thread."""
+    b = _local.__dict__.get("addrs", {}).get(id(x))
+    return b[1] if b is not None and b[0]() is x else x.ctypes.data
+
+
+def _wrap32(v) -> np.ndarray:
+    """int64 values as the int32 they are modulo 2**32 (the accumulator register wraps)."""
+    v = np.asarray(v, dtype=np.int64)
+    return (((v + (1 << 31)) % (1 << 32)) - (1 << 31)).astype(np.int32)
+
+
+class Requant:
+    """One op's requantisation constants for the C kernels (``torq_rq``), both roundings."""
+
+    def __init__(self, attrs: dict, sb: np.ndarray, adj: np.ndarray, O: int):
+        sb = np.asarray(sb).astype(np.int64)
+        mult = sb[1::2]
+        shift = int(attrs["shift_factor"])
+        lo, hi = int(attrs["output_min"]), int(attrs["output_max"])
+        self.ok = (mult.size == O and 0 <= shift <= 62 and -128 <= lo <= hi <= 127
+                   and int(mult.min(initial=0)) >= numerics.INT32_MIN and int(mult.max(initial=0)) <= numerics.INT32_MAX)
+        self.adj = _wrap32(adj)
+        self.mult = mult.astype(np.int32) if self.ok else np.zeros(O, np.int32)
+        ys = float(attrs["ort_output_scale"][0])
+        self.scale = np.ascontiguousarray(np.broadcast_to(
+            numerics.ort_requant_scale(attrs["ort_dq_scale"], ys).reshape(-1), (O,)), dtype=np.float32)
+        even = int(bool(attrs.get("round_ties_even", 0)) and shift > 0)
+        self.structs = {r: TorqRq(_ptr(self.adj), _ptr(self.mult), _ptr(self.scale), shift, even,
+                                  int(attrs["output_zp"]), lo, hi, int(r == "ort")) for r in ("native", "ort")}
+        self.refs = {r: ctypes.pointer(v) for r, v in self.structs.items()}
+
+
+class _Geometry:
+    """Stride phases, taps and buffer sizes of a convolution on one input shape (``torq_geom``)."""
+
+    def __init__(self, shape, wshape, groups, pads, stride, dilation, pad_value):
+        N, C, H, W = shape
+        O, Cg, KH, KW = wshape
+        pl, pr, pt, pb = pads
+        (sh, sw), (dh, dw) = stride, dilation
+        OH = conv_out_size(H, KH, sh, dh, pt, pb)
+        OW = conv_out_size(W, KW, sw, dw, pl, pr)
+        taps = [(*divmod(i * dh, sh), *divmod(j * dw, sw)) for i in range(KH) for j in range(KW)]
+        phases = sorted({(a, b) for _, a, _, b in taps})
+        mri, mrj = max(t[0] for t in taps), max(t[2] for t in taps)
+        Wq = OW + mrj
+        offs = [ri * Wq + rj for ri, _, rj, _ in taps]
+        L = OH * Wq
+        Lpad = -(-L // 16) * 16
+        self.ok = OH > 0 and OW > 0
+        self.out_shape = (N, O, OH, OW)
+        self.ph_ab = np.array(phases, dtype=np.int32).reshape(-1)
+        self.tap_ph = np.array([phases.index((a, b)) for _, a, _, b in taps], dtype=np.int32)
+        self.tap_off = np.array(offs, dtype=np.int32)
+        self.Lph = Lpad + -(-max(offs) // 16) * 16 + 16
+        self.struct = TorqGeom(N, C, H, W, groups, Cg, O // groups, OH, OW, len(taps), len(phases), OH + mri, Wq,
+                               sh, sw, pt, pl, int(pad_value), L, Lpad, self.Lph,
+                               _ptr(self.ph_ab), _ptr(self.tap_ph), _ptr(self.tap_off))
+        self.ref = ctypes.pointer(self.struct)
+
+
+def _pair(v) -> tuple[int, int]:
+    t = tuple(int(i) for i in np.atleast_1d(v))
+    return (t[0], t[0]) if len(t) == 1 else t
+
+
+class ConvNative:
+    """An int8 convolution prepared for the C kernels: packed weights, requant constants, and a
+    geometry per input shape. ``ok`` is False when the op is outside what the kernels compute."""
+
+    def __init__(self, w, sb, attrs):
+        w = np.asarray(w)
+        O, Cg, KH, KW = w.shape
+        self.groups = G = int(attrs["groups"])
+        self.depthwise = Cg == 1 and G > 1 and G == O
+        self.wshape = w.shape
+        self.pads = _pads(list(attrs["pad"]))
+        self.stride, self.dilation = _pair(attrs["stride"]), _pair(attrs["dilation"])
+        self.pad_value = int(attrs["input_zp"])
+        w64 = w.astype(np.int64)
+        bias = np.asarray(sb).astype(np.int64)[0::2]
+        self.ok = (w.dtype.kind in "iu" and O % G == 0 and -128 <= self.pad_value <= 127 and bias.size == O
+                   and (w64.size == 0 or (int(w64.min()) >= -128 and int(w64.max()) <= 127)))
+        if not self.ok:
+            return
+        if self.depthwise:
+            T = KH * KW
+            self.ok = int(np.abs(w64).reshape(O, T).sum(axis=1).max(initial=0)) * 128 <= _F24
+            self.wpack = np.ascontiguousarray(w64.reshape(O, T), dtype=np.float32)
+            adj = bias
+        else:
+            self.wpack = _pack_conv(w64, G)
+            adj = bias - 128 * w64.reshape(O, -1).sum(axis=1)
+        self.wptr, self.lib, self.outputs = _ptr(self.wpack), library(), _Outputs()
+        self.rq = Requant(attrs, sb, adj, O)
+        self.ok = self.ok and self.rq.ok
+        self._geoms: dict = {}
+
+    def geometry(self, shape) -> _Geometry:
+        g = self._geoms.get(shape)
+        if g is None:
+            g = self._geoms[shape] = _Geometry(shape, self.wshape, self.groups, self.pads, self.stride,
+                                               self.dilation, self.pad_value)
+        return g
+
+    def __call__(self, x: np.ndarray, rounding: str) -> np.ndarray:
+        if not x.flags.c_contiguous:
+            x = np.ascontiguousarray(x)
+        geo = self._geoms.get(x.shape) or self.geometry(x.shape)
+        out, addr = self.outputs.get(geo.out_shape)
+        if self.depthwise:
+            self.lib.torq_dw_i8(_address(x), addr, self.wptr, geo.ref, self.rq.refs[rounding], _threads())
+        else:
+            self.lib.torq_conv_i8(_address(x), addr, self.wptr, geo.ref, self.rq.refs[rounding], _threads())
+        return out
+
+
+def _pack_conv(w64: np.ndarray, G: int) -> np.ndarray:
+    """[O, Cg, KH, KW] -> [G][OB][T][CQ][R][4] int8 (zero-padded channels)."""
+    O, Cg, KH, KW = w64.shape
+    Og, T = O // G, KH * KW
+    OB, CQ = -(-Og // R), -(-Cg // 4)
+    buf = np.zeros((G, OB * R, T, CQ * 4), dtype=np.int8)
+    buf[:, :Og, :, :Cg] = w64.reshape(G, Og, Cg, T).transpose(0, 1, 3, 2)
+    return np.ascontiguousarray(buf.reshape(G, OB, R, T, CQ, 4).transpose(0, 1, 3, 4, 2, 5))
+
+
+class FcNative:
+    """An int8 fully connected layer prepared for the C kernels (lanes = 16 output channels)."""
+
+    def __init__(self, w, sb, attrs):
+        w = np.asarray(w)
+        w64 = w.astype(np.int64)
+        O, K = w.shape
+        bias = np.asarray(sb).astype(np.int64)[0::2]
+        self.O, self.K = O, K
+        self.ok = (w.dtype.kind in "iu" and bias.size == O
+                   and (w64.size == 0 or (int(w64.min()) >= -128 and int(w64.max()) <= 127)))
+        if not self.ok:
+            return
+        OB, KQ = -(-O // 16), -(-K // 4)
+        buf = np.zeros((OB * 16, KQ * 4), dtype=np.int8)
+        buf[:O, :K] = w64
+        self.wpack = np.ascontiguousarray(buf.reshape(OB, 16, KQ, 4).transpose(0, 2, 1, 3))
+        self.wptr, self.lib, self.outputs = _ptr(self.wpack), library(), _Outputs()
+        self.rq = Requant(attrs, sb, bias - 128 * w64.sum(axis=1), O)
+        self.ok = self.rq.ok
+
+    def __call__(self, x: np.ndarray, rounding: str) -> np.ndarray:
+        if not x.flags.c_contiguous:
+            x = np.ascontiguousarray(x)
+        out, addr = self.outputs.get(x.shape[:-1] + (self.O,))
+        self.lib.torq_fc_i8(_address(x), addr, self.wptr, x.size // self.K, self.K, self.O, self.rq.refs[rounding])
+        return out
+
+
+def _native_step(plan_cls, st, rtype, reference):
+    a = st.attrs
+    plan = _cached_plan(lambda w, sb: plan_cls(w, sb, a))
+    if np.dtype(rtype) != np.int8:
+        return None
+
+    def fn(args, rounding):
+        w, sb, x = args
+        p = plan(w, sb)
+        if not p.ok or x.dtype != np.int8:
+            return reference(args, rounding)
+        if isinstance(p, ConvNative) and x.ndim == 3:       # Conv1D runs as 2-D with H = 1
+            return p(x[:, :, None, :], rounding)[:, :, 0, :]
+        if isinstance(p, ConvNative) and (x.ndim != 4 or not p.geometry(x.shape).ok):
+            return reference(args, rounding)
+        return p(x, rounding)
+    return fn
+
+
+def make(st, rtype, reference):
+    """The native step function of ``st``, or None (the op runs on ``reference``)."""
+    if library() is None:
+        return None
+    op = st.op[len("torq_hl."):] if st.op.startswith("torq_hl.") else None
+    if op in ("conv2d", "depthwise_conv2d"):
+        fn = _native_step(ConvNative, st, rtype, reference)
+    elif op == "fully_connected":
+        fn = _native_step(FcNative, st, rtype, reference)
+    else:
+        return None
+    if fn is not None:
+        fn.native = True                                  # Simulator.native_steps counts these
+        if getattr(reference, "check", None) is not None:
+            fn.check = reference.check
+    return fn

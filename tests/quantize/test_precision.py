@@ -1,0 +1,130 @@
+"""Per-layer precision (mixed int8 / int16): ORT's tensor overrides, the compiled mixed model
+against ORT, and the choice by measurement (``--precision auto --accuracy-budget``)."""
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import onnx
+import pytest
+from onnxruntime.quantization import QuantType
+
+from torq import compile
+from torq.errors import TorqError
+from torq.examples import build_example_cnn
+from torq.quantize import quantize
+from torq.quantize.auto_precision import choose
+from torq.quantize.calibration import SyntheticDataReader
+from torq.quantize.precision import layers, name_nodes, parse_precision, resolve, tensor_overrides
+from torq.quantize.sensitivity import layer_macs, measure, samples_of
+from torq.verify import verify
+
+
+@pytest.fixture(scope="module")
+def cnn():
+    return onnx.shape_inference.infer_shapes(name_nodes(build_example_cnn()))
+
+
+def test_layers_and_resolution(cnn):
+    assert layers(cnn) == ["conv1", "conv2", "conv3", "add1", "dwconv", "gap", "logits"]
+    p = resolve(cnn, {"conv2": "int16", "add1": "int16"})
+    # Relu / MaxPool / Flatten follow their producer's layer
+    assert p["relu1"] == "int8" and p["relu2"] == "int16" and p["pool1"] == "int16" and p["flatten"] == "int8"
+
+
+def test_tensor_overrides_make_each_layer_output_int16(cnn):
+    o = tensor_overrides(cnn, {"conv2": "int16", "add1": "int16"})
+    wide = [{"quant_type": QuantType.QInt16}]
+    assert o == {"conv2": wide, "relu2": wide, "add1": wide, "pool1": wide}
+    assert tensor_overrides(cnn, {}) == {} and tensor_overrides(cnn, {"conv1": "int8"}) == {}
+
+
+@pytest.mark.parametrize("bad, expect", [((("nope", "int16"),), "no node 'nope'"),
+                                         ((("conv1", "int4"),), "bad entry"),
+                                         ((("conv1", "auto"),), "bad entry")])
+def test_bad_precision_is_a_one_line_error(cnn, bad, expect):
+    with pytest.raises(TorqError, match=expect):
+        quantize(cnn, precision=bad)
+
+
+def test_parse_precision(cnn):
+    assert parse_precision(None) == "int8" and parse_precision("AUTO") == "auto"
+    assert parse_precision("conv1=int16, add1=int16", cnn) == {"conv1": "int16", "add1": "int16"}
+    for bad in ("conv1:int16", "=int16", "conv1=fp8"):
+        with pytest.raises(TorqError, match="--precision"):
+            parse_precision(bad)
+    with pytest.raises(TorqError, match="no node named 'x'"):
+        parse_precision("x=int16", cnn)
+
+
+@pytest.mark.parametrize("promoted", [["conv2"], ["conv1", "add1", "gap"], ["dwconv", "logits"]])
+def test_mixed_model_runs_on_the_nss_and_verifies_against_ort(cnn, promoted):
+    """int8 and int16 layers side by side (int8 in / int16 out, int16 in / int8 out, mixed Add
+    inputs): every op on the NSS, verify ok against ORT."""
+    q = quantize(cnn, precision=tuple((n, "int16") for n in promoted), per_channel=True, full_integer=True)
+    wide = {n.input[2] for n in q.graph.node if n.op_type == "QuantizeLinear"
+            and next(t for t in q.graph.initializer if t.name == n.input[2]).data_type == onnx.TensorProto.INT16}
+    assert wide
+    c = compile(q)
+    assert c.report.unsupported == [], [str(u) for u in c.report.unsupported]
+    ops = Counter(c.report.lowered)
+    assert not ops.get("act") and not ops.get("fma")          # no bf16 Q/DQ fallback
+    for seed in (0, 1):
+        r = verify(c, seed=seed)
+        assert r.ok and r.float_steps >= 1, [od for od in r.op_diffs if not od.explained]
+
+
+def test_sensitivity_and_macs(cnn):
+    samples = samples_of(SyntheticDataReader(cnn, 4))
+    sens = measure(cnn, samples)
+    assert [s.name for s in sens] == layers(cnn)
+    macs = layer_macs(cnn)
+    assert macs["conv1"] == 8 * 32 * 32 * 3 * 3 * 3 and macs["logits"] == 10 * 8
+    assert all(s.kl >= 0 and np.isfinite(s.sqnr_db) for s in sens)
+    assert max(s.kl for s in sens) > 0
+
+
+def _auto(cnn, budget, cap=0.5):
+    samples = samples_of(SyntheticDataReader(cnn, 12))
+    calib, hold = samples[:6], samples[6:]
+
+    def qfn(prec):
+        from torq.quantize.calibration import ArrayDataReader
+        reader = ArrayDataReader(calib)
+        return quantize(cnn, calibration_data_reader=reader, per_channel=True, precision=tuple(prec.items()))
+    return choose(cnn, qfn, calib, hold, budget, max_int16_share=cap)
+
+
+def test_auto_precision_reports_every_layer_and_keeps_the_mac_cap(cnn):
+    res = _auto(cnn, 0.0, cap=0.3)
+    assert [c.name for c in res.layers] == layers(cnn)
+    assert all(c.why.startswith(c.precision + ":") for c in res.layers)
+    assert res.int8_mac_share >= 0.7
+    assert res.trials[0]["promoted"] == 0
+    assert set(res.precision) == {c.name for c in res.layers if c.precision == "int16"}
+    j = res.to_json()
+    assert j["budget_top1_points"] == 0.0 and len(j["layers"]) == 7
+
+
+def test_auto_precision_promotes_nothing_when_int8_is_within_budget(cnn):
+    res = _auto(cnn, 100.0)
+    assert res.precision == {} and res.met and res.int8_mac_share == 1.0
+    assert all("all-int8 is within the budget" in c.why for c in res.layers)
+    with pytest.raises(TorqError, match="accuracy-budget"):
+        quantize(cnn, precision=(("*", "auto"),), accuracy_budget=-1.0)
+
+
+def test_recipe_precision_auto_applies_the_choice_and_stamps_it(cnn):
+    """quantize(precision=auto): the chosen int16 layers are in the recipe stamped on the model,
+    the per-layer report in its metadata, and the model's own int16 tensors are theirs."""
+    from torq.quantize.calibration import ArrayDataReader
+    from torq.quantize.precision import precision_of, stamped
+    from torq.quantize.recipe import recipe_of
+    samples = samples_of(SyntheticDataReader(cnn, 9))
+    q = quantize(cnn, calibration_data_reader=ArrayDataReader(samples), per_channel=True,
+                 precision=(("*", "auto"),), accuracy_budget=0.0)
+    report, recipe = stamped(q), recipe_of(q)
+    assert report["holdout_images"] == 3 and len(report["layers"]) == 7
+    chosen = {n for n, p in recipe.precision if p == "int16"}
+    assert chosen == set(report["int16_layers"])
+    assert {n for n, p in precision_of(q).items() if p == "int16"} >= chosen
