@@ -90,10 +90,15 @@ def efficientnet_style(input_pad: bool = True) -> onnx.ModelProto:
 def realworld_style() -> onnx.ModelProto:
     """What the real exports of ``make realworld`` bring: PRelu and a ceil-mode MaxPool (MTCNN),
     a squeeze-excite gate with HardSigmoid (PP-OCR, MobileNetV3), torchvision's ``x.mean(3).mean(2)``
-    head as two single-axis ReduceMeans (deep-sort's MobileNetV2), a Gemm and a Softmax tail."""
+    head as two single-axis ReduceMeans (deep-sort's MobileNetV2), a Gemm and a Softmax tail; two
+    BN-folded "dust" channels (1e-6 of the layer's weights) in the first conv."""
     n = _Net(13)
-    x = n.node("PRelu", [n.conv("input", "c1", 3, 8, 3), n.const("c1.slope", np.full((8, 1, 1), 0.25, np.float32))],
-               "c1_prelu")
+    c1 = n.conv("input", "c1", 3, 8, 3)
+    w, b = n.inits[-2], n.inits[-1]
+    scale = np.array([1e-6, 1e-6] + [1] * 6, np.float32)
+    w.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(w) * scale[:, None, None, None], w.name))
+    b.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(b) * scale, b.name))
+    x = n.node("PRelu", [c1, n.const("c1.slope", np.full((8, 1, 1), 0.25, np.float32))], "c1_prelu")
     x = n.node("MaxPool", [x], "pool", kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1)
     x = n.node("Relu", [n.conv(x, "c2", 8, 16, 3)], "c2_relu")
     g = n.node("GlobalAveragePool", [x], "se_gap")

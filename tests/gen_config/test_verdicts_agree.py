@@ -1,7 +1,7 @@
-"""Discover's per-layer verdict is the whole model's: on a zoo-style and a real-style CNN, in qdq,
+"""Discover's per-layer verdict is the whole model's: on a ResNet-, an EfficientNet- and a real-style CNN, in qdq,
 qdq per-channel and qoperator, the layers ``discover --quantize`` puts off the NSS are exactly the
-ops the whole-model compile refuses. (--full-integer until the bf16 Q/DQ edge judgement is on main:
-without it a lone layer's float edges make PRelu/Relu `difference` per layer.)"""
+ops the whole-model compile refuses. Float I/O (no --full-integer): a lone layer's bf16 Q/DQ edges
+are judged by ``bf16_edges`` and must not send it off the NSS."""
 from __future__ import annotations
 
 import copy
@@ -16,11 +16,11 @@ from torq.gen_config.options import QuantSettings
 from torq.quantize import Recipe
 from torq.quantize.recipe import apply
 
-from .netmodels import realworld_style, resnet_style
+from .netmodels import efficientnet_style, realworld_style, resnet_style
 
-MODELS = {"resnet": resnet_style, "realworld": realworld_style}
-FLAGS = {"qdq": Recipe(full_integer=True), "qdq-pc": Recipe(per_channel=True, full_integer=True),
-         "qoperator": Recipe(format="qoperator", full_integer=True)}
+MODELS = {"resnet": resnet_style, "efficientnet": efficientnet_style, "realworld": realworld_style}
+FLAGS = {"qdq": Recipe(), "qdq-pc": Recipe(per_channel=True),
+         "qoperator": Recipe(format="qoperator")}
 _DONE: dict = {}
 
 
