@@ -22,6 +22,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -93,7 +94,8 @@ def calibration(entry: dict) -> list:
 
 def run_row(name: str, entry: dict, flags: str, out: Path, eval_limit: int, timeout: int) -> Row:
     row, work = Row(name, flags), out / name / flags
-    work.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(work, ignore_errors=True)          # a row starts from nothing (discover keeps old reports)
+    work.mkdir(parents=True)
     log = work / "log.txt"
     log.write_text("")
     model, q = entry["model"], work / "q.onnx"
