@@ -22,6 +22,9 @@ Choices (and why):
     (the synthetic reader uses 1) and the quantized model keeps the dynamic dim.
   * Zero-range activations (all-zero tensors): ORT maps a range below float32 tiny to
     scale 1.0, zero point 0, so there is no division by zero; nothing extra is needed.
+  * Below opset 13 ORT still writes ``axis`` on DequantizeLinear (per-channel weights, biases),
+    an attribute that exists from opset 13 only: such a model is converted up to 13 (ONNX's
+    version converter keeps every node name; the compiler's importer would convert it anyway).
   * ``quantize_static`` rewrites a ModelProto passed to it in place (weights moved to external
     data in a temp folder), so we only ever hand it a file path in our own temp folder.
 """
@@ -36,6 +39,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+from onnx import version_converter
 from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
 
 from ..errors import TorqError, one_line
@@ -155,7 +159,23 @@ def _run_ort(tmp: Path, reader, fmt, recipe, selection: dict, where: str) -> onn
         raise TorqError(f"{where}: ONNX Runtime quantization failed: {ort_failure(e, tmp, where)}") from None
     q = onnx.load(str(tmp / "int8.onnx"))
     _drop_stale_value_info(q)
-    return q
+    return _per_axis_opset(q, where)
+
+
+_PER_AXIS_OPSET = 13    # QuantizeLinear / DequantizeLinear take ``axis`` from here on
+
+
+def _per_axis_opset(q: onnx.ModelProto, where: str) -> onnx.ModelProto:
+    """``q`` as valid ONNX: up to opset 13 when ORT wrote ``axis`` on a Q/DQ of an older opset."""
+    opset = max((o.version for o in q.opset_import if o.domain in ("", "ai.onnx")), default=_PER_AXIS_OPSET)
+    qdq = [n for n in q.graph.node if n.domain in ("", "ai.onnx") and n.op_type in ("QuantizeLinear", "DequantizeLinear")]
+    if opset >= _PER_AXIS_OPSET or not any(a.name == "axis" for n in qdq for a in n.attribute):
+        return q
+    try:
+        return version_converter.convert_version(q, _PER_AXIS_OPSET)
+    except Exception as e:  # noqa: BLE001 - the converter raises plain RuntimeError
+        raise TorqError(f"{where}: ONNX Runtime wrote per-axis Quantize/DequantizeLinear (opset 13) into an opset "
+                        f"{opset} model, and converting it up to 13 failed: {one_line(e, 200)}") from None
 
 
 #: ORT messages that mean nothing without context -> what they mean for the user.
