@@ -39,7 +39,6 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import version_converter
 from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
 
 from ..errors import TorqError, one_line
@@ -162,20 +161,14 @@ def _run_ort(tmp: Path, reader, fmt, recipe, selection: dict, where: str) -> onn
     return _per_axis_opset(q, where)
 
 
-_PER_AXIS_OPSET = 13    # QuantizeLinear / DequantizeLinear take ``axis`` from here on
-
-
 def _per_axis_opset(q: onnx.ModelProto, where: str) -> onnx.ModelProto:
-    """``q`` as valid ONNX: up to opset 13 when ORT wrote ``axis`` on a Q/DQ of an older opset."""
-    opset = max((o.version for o in q.opset_import if o.domain in ("", "ai.onnx")), default=_PER_AXIS_OPSET)
+    """``q`` as valid ONNX: up to opset 13 when ORT wrote ``axis`` on a Q/DQ of an older opset
+    (per-channel weights, and biases even per-tensor)."""
+    from ..graph.opset import PER_AXIS, at_least
     qdq = [n for n in q.graph.node if n.domain in ("", "ai.onnx") and n.op_type in ("QuantizeLinear", "DequantizeLinear")]
-    if opset >= _PER_AXIS_OPSET or not any(a.name == "axis" for n in qdq for a in n.attribute):
+    if not any(a.name == "axis" for n in qdq for a in n.attribute):
         return q
-    try:
-        return version_converter.convert_version(q, _PER_AXIS_OPSET)
-    except Exception as e:  # noqa: BLE001 - the converter raises plain RuntimeError
-        raise TorqError(f"{where}: ONNX Runtime wrote per-axis Quantize/DequantizeLinear (opset 13) into an opset "
-                        f"{opset} model, and converting it up to 13 failed: {one_line(e, 200)}") from None
+    return at_least(q, PER_AXIS, f"{where}: ONNX Runtime's per-axis Quantize/DequantizeLinear")
 
 
 #: ORT messages that mean nothing without context -> what they mean for the user.
