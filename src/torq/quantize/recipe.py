@@ -235,7 +235,7 @@ def _step(what: str, where: str):
     except TorqError:
         raise
     except Exception as e:
-        if not (type(e).__module__.startswith("onnxruntime") or isinstance(e, FloatingPointError)):
+        if not (type(e).__module__.startswith("onnxruntime") or isinstance(e, (FloatingPointError, RuntimeWarning))):
             raise                                    # our bug: an internal error, not the model's
         from pathlib import Path
         from .static import ort_failure
