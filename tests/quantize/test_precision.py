@@ -143,3 +143,20 @@ def test_mac_share_counts_each_layer_at_its_input_width(cnn):
     assert share["int16"] == pytest.approx(147456 / total)
     q = quantize(cnn, per_channel=True, nodes_to_exclude=("conv3",))     # a float layer is neither
     assert mac_share(q)["float"] == pytest.approx(16384 / total)
+
+
+def test_auto_model_is_its_resolved_recipe_applied_on_every_sample(cnn):
+    """The held-apart samples only judge the choice: the final model is calibrated on every sample,
+    so it is the model its resolved recipe (`quantize --recipe` of the stamped recipe) gives, and
+    with nothing promoted it is the base recipe's model."""
+    from torq.quantize.calibration import ArrayDataReader
+    from torq.quantize.recipe import recipe_of
+    samples = samples_of(SyntheticDataReader(cnn, 9))
+    graph = lambda q: q.graph.SerializeToString()                       # noqa: E731 (metadata aside)
+    for budget in (0.0, 100.0):
+        q = quantize(cnn, calibration_data_reader=ArrayDataReader(samples), per_channel=True,
+                     precision=(("*", "auto"),), accuracy_budget=budget)
+        again = quantize(cnn, calibration_data_reader=ArrayDataReader(samples), recipe=recipe_of(q))
+        assert graph(again) == graph(q)
+    plain = quantize(cnn, calibration_data_reader=ArrayDataReader(samples), per_channel=True)
+    assert recipe_of(q).precision == () and graph(q) == graph(plain)

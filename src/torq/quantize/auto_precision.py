@@ -204,8 +204,8 @@ def split_holdout(samples: list[dict], holdout: int | None = None) -> tuple[list
 def apply_auto(recipe, src: onnx.ModelProto, reader, *, where: str = "model", wrap_lone_ops: bool = False):
     """``recipe.apply`` for ``--precision auto``: the calibration samples split (last third held
     apart), the recipe's fp32 transforms and ranges on the calibration part, the int16 layers
-    chosen (``choose``), the final model quantized with them and the choice stamped on it
-    (``precision.stamp``). Returns a ``recipe.Quantized`` whose recipe names the chosen layers."""
+    chosen (``choose``), then the final model quantized with them on every calibration sample
+    and the choice stamped on it (``precision.stamp``). Returns a ``recipe.Quantized`` whose recipe names the chosen layers."""
     from .calibration import ArrayDataReader
     from .precision import name_nodes, stamp
     from .recipe import Quantized, prepare, quantize_prepared
@@ -221,7 +221,13 @@ def apply_auto(recipe, src: onnx.ModelProto, reader, *, where: str = "model", wr
                                  ArrayDataReader(calib), where=where)
     result = choose(prepared, trial, calib, hold, recipe.accuracy_budget)
     final = with_layers(result.precision)
-    q = quantize_prepared(final, prepared, ArrayDataReader(calib), where=where, wrap_lone_ops=wrap_lone_ops)
+    # the final model is the resolved recipe applied as any recipe is, on *every* calibration
+    # sample (the held-apart ones only judged the choice): `quantize --recipe <resolved>.json`
+    # writes the same model, and with no layer promoted it is the base recipe's model.
+    every = calib + hold
+    if base.equalize != "off" or base.bias_correction:
+        prepared = name_nodes(prepare(base, src, ArrayDataReader(every)))
+    q = quantize_prepared(final, prepared, ArrayDataReader(every), where=where, wrap_lone_ops=wrap_lone_ops)
     return Quantized(stamp(q, result.to_json()), prepared, final)
 
 
