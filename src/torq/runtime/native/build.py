@@ -49,6 +49,11 @@ class TorqGeom(ctypes.Structure):
                                         ("tap_off", ctypes.c_void_p)]
 
 
+class TorqDwq(ctypes.Structure):
+    """torq_dwq of the C kernels: a depthwise kernel's taps packed four to a quad."""
+    _fields_ = [("nq", ctypes.c_int32), ("win", ctypes.c_void_p), ("idx", ctypes.c_void_p), ("wq", ctypes.c_void_p)]
+
+
 def isa() -> str:
     """The variant to build: "native" (this CPU's instructions) or "portable"."""
     v = os.environ.get("TORQ_NATIVE_ISA", "native")
@@ -147,9 +152,9 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
 
 def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     p, i = ctypes.c_void_p, ctypes.c_int
-    rq, geom = ctypes.POINTER(TorqRq), ctypes.POINTER(TorqGeom)
+    rq, geom, dwq = ctypes.POINTER(TorqRq), ctypes.POINTER(TorqGeom), ctypes.POINTER(TorqDwq)
     lib.torq_conv_i8.argtypes = [p, p, p, geom, rq, i]
-    lib.torq_dw_i8.argtypes = [p, p, p, geom, rq, i]
+    lib.torq_dw_i8.argtypes = [p, p, p, dwq, geom, rq, i]
     lib.torq_fc_i8.argtypes = [p, p, p, i, i, i, rq]
     lib.torq_requant_i8.argtypes = [p, i, rq, p]
     for fn in (lib.torq_conv_i8, lib.torq_dw_i8, lib.torq_fc_i8, lib.torq_requant_i8, lib.torq_features):
@@ -175,4 +180,10 @@ def why() -> str:
 def vnni() -> bool:
     """Whether the loaded library uses AVX512-VNNI."""
     lib = library()
-    return bool(lib is not None and lib.torq_features())
+    return bool(lib is not None and lib.torq_features() & 1)
+
+
+def int_depthwise() -> bool:
+    """Whether the loaded library computes depthwise convolutions in integers (AVX512-VBMI)."""
+    lib = library()
+    return bool(lib is not None and lib.torq_features() & 2)

@@ -4,6 +4,7 @@
 #ifndef TORQ_COMMON_H
 #define TORQ_COMMON_H
 
+#include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +15,12 @@
 #define TORQ_VNNI 1
 #else
 #define TORQ_VNNI 0
+#endif
+
+#if TORQ_VNNI && defined(__AVX512VBMI__)
+#define TORQ_DW_INT 1   /* depthwise in integers (depthwise.c); else in float32 */
+#else
+#define TORQ_DW_INT 0
 #endif
 
 #define R 8             /* output channels per register block */

@@ -18,9 +18,10 @@
  */
 #include "common.h"
 
+/* bit 0: AVX512-VNNI kernels; bit 1: depthwise in integers (else float32, bounded weights) */
 int torq_features(void)
 {
-    return TORQ_VNNI;
+    return TORQ_VNNI | TORQ_DW_INT << 1;
 }
 
 static inline void fill32(uint8_t *d, int n, uint32_t v)
