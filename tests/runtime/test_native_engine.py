@@ -87,6 +87,29 @@ def test_conv_bit_identical(isa, monkeypatch, seed, depthwise, k, stride, dil, C
     _run_both(_program(x.shape, w, sb, attrs, op, (n, O, OH, OW)), x)
 
 
+@pytest.mark.parametrize("amx", ["1", "0"])
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 2**32 - 1), k=st.sampled_from([1, 3]), stride=st.sampled_from([1, 2]),
+       dil=st.sampled_from([1, 2]), Cg=st.sampled_from([32, 36, 64, 100]), groups=st.sampled_from([1, 2]),
+       Og=st.integers(1, 40), hw=st.integers(3, 20), n=st.integers(1, 2))
+def test_wide_conv_bit_identical(amx, monkeypatch, seed, k, stride, dil, Cg, groups, Og, hw, n):
+    """Convolutions with >= 32 input channels per group: AMX-INT8 tiles where the CPU has them
+    (TORQ_NATIVE_AMX=1), the VNNI kernel otherwise; both against the reference."""
+    monkeypatch.setenv("TORQ_NATIVE_AMX", amx)
+    monkeypatch.setattr(build, "_state", {})            # rebind the library with this setting
+    rng = np.random.default_rng(seed)
+    C, O = Cg * groups, Og * groups
+    pads = [int(v) for v in rng.integers(0, k, 4)]
+    OH = _out_size(hw, k, stride, dil, pads[2], pads[3])
+    OW = _out_size(hw + 3, k, stride, dil, pads[0], pads[1])
+    if OH <= 0 or OW <= 0:
+        return
+    attrs, w, sb, op = _conv_step(O, C, (k, k), (stride, stride), (dil, dil), pads, groups,
+                                  int(rng.integers(-128, 128)), False, rng=rng)
+    x = rng.integers(-128, 128, (n, C, hw, hw + 3)).astype(np.int8)
+    _run_both(_program(x.shape, w, sb, attrs, op, (n, O, OH, OW)), x)
+
+
 @pytest.mark.parametrize("isa", ISAS)
 def test_fully_connected_bit_identical(isa, monkeypatch):
     monkeypatch.setenv("TORQ_NATIVE_ISA", isa)

@@ -18,10 +18,16 @@
  */
 #include "common.h"
 
-/* bit 0: AVX512-VNNI kernels; bit 1: depthwise in integers (else float32, bounded weights) */
+/* bit 0: AVX512-VNNI kernels; bit 1: depthwise in integers (else float32, bounded weights);
+ * bit 2: AMX-INT8 convolution compiled in (usable once torq_amx_init grants the tiles) */
 int torq_features(void)
 {
-    return TORQ_VNNI | TORQ_DW_INT << 1;
+#if TORQ_VNNI && defined(__AMX_INT8__) && defined(__AMX_TILE__)
+    const int amx = 1;
+#else
+    const int amx = 0;
+#endif
+    return TORQ_VNNI | TORQ_DW_INT << 1 | amx << 2;
 }
 
 static inline void fill32(uint8_t *d, int n, uint32_t v)
@@ -62,9 +68,8 @@ static void interleave4(uint8_t *d, const int8_t *s0, const int8_t *s1, const in
 
 /* Phase k, channel quad cq of channels [c0, c0 + Cg) of image x [C][H][W] as u8 quads
  * (x ^ 0x80); channels past Cg are 0 (their weights are 0). */
-static void pack_phase(const int8_t *x, const torq_geom *g, int c0, uint8_t *ph, int k, int cq)
+static void pack_phase(const int8_t *x, const torq_geom *g, int c0, uint8_t *ph, int k, int cq, int CQ)
 {
-    const int CQ = (g->Cg + 3) / 4;
     const uint8_t padu = (uint8_t)g->padv ^ 0x80;
     const size_t plane = (size_t)g->Lph * 4;
     {
@@ -182,13 +187,13 @@ typedef struct {
     uint8_t *ph;
     int8_t *obuf, *out;             /* tiles write obuf (stride ostride); out: the group's planes */
     size_t ostride, wblock;
-    int c0, CQ, OB, ntiles, n3, rest, per;   /* per: tiles per chunk */
+    int c0, CQ, CQs, OB, ntiles, n3, rest, per;   /* CQs: quad planes per phase; per: tiles per chunk */
 } conv_job;
 
 static void pack_chunk(void *ctx, int i)
 {
     const conv_job *j = ctx;
-    pack_phase(j->x, j->g, j->c0, j->ph, i / j->CQ, i % j->CQ);
+    pack_phase(j->x, j->g, j->c0, j->ph, i / j->CQ, i % j->CQ, j->CQs);
 }
 
 static void tiles_chunk(void *ctx, int i)
@@ -231,7 +236,7 @@ int torq_conv_i8(const int8_t *x, int8_t *out, const int8_t *wpack, const torq_g
     const int CQ = (g->Cg + 3) / 4;
     uint8_t *scratch = thread_scratch((size_t)g->nph * CQ * g->Lph * 4 + (size_t)g->Og * g->Lpad);
     j.g = g;
-    j.CQ = (g->Cg + 3) / 4;
+    j.CQ = j.CQs = (g->Cg + 3) / 4;
     j.OB = (g->Og + R - 1) / R;
     j.wblock = (size_t)g->T * j.CQ * R * 4;
     j.ph = scratch;
@@ -262,6 +267,135 @@ int torq_conv_i8(const int8_t *x, int8_t *out, const int8_t *wpack, const torq_g
     }
     return 0;
 }
+
+/* ------------------------------------------------------------------ AMX-INT8 tiles */
+
+/* Where the CPU has AMX-INT8 (and the kernel grants this process the tile state), layers with
+ * >= 32 input channels per group run on tiles: C[oc][px] += W[oc][64 channels] . X[16 quads][px]
+ * (TDPBSUD: signed weights, unsigned x ^ 0x80), 32 output channels x 32 pixels per unit (four C
+ * tiles). The B tiles are the phase quads themselves (row stride one quad plane): the phases
+ * get their quad planes rounded up to 16 per phase (the extra planes meet zero weights). */
+#if TORQ_VNNI && defined(__AMX_INT8__) && defined(__AMX_TILE__)
+#include <sys/syscall.h>
+#include <unistd.h>
+
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} amx_cfg;
+
+/* 1 when this process may use the tiles (asked once, by the caller, at load) */
+int torq_amx_init(void)
+{
+    return syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
+}
+
+static void amx_chunk(void *ctx, int i)
+{
+    const conv_job *j = ctx;
+    const torq_geom *g = j->g;
+    amx_cfg cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int t = 0; t < 8; t++) {
+        cfg.colsb[t] = 64;
+        cfg.rows[t] = 16;
+    }
+    _tile_loadconfig(&cfg);
+    int32_t cbuf[4][16][16] __attribute__((aligned(64)));
+    const int KB = j->CQs / 16, nvec = g->Lpad / 16, npb = (nvec + 1) / 2, OP = (j->OB + 1) / 2;
+    const size_t plane = (size_t)g->Lph * 4, phstride = plane * j->CQs;
+    const int total = OP * npb, end = (i + 1) * j->per < total ? (i + 1) * j->per : total;
+    const torq_rq qq = j->q, *q = &qq;
+    for (int u = i * j->per; u < end; u++) {
+        const int op = u / npb, pb = u % npb, p0 = pb * 32;
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+        const int8_t *w = j->w + (size_t)op * g->T * KB * 2048;
+        for (int t = 0; t < g->T; t++) {
+            const uint8_t *xb = j->ph + g->tap_ph[t] * phstride + (size_t)(g->tap_off[t] + p0) * 4;
+            for (int kb = 0; kb < KB; kb++, w += 2048, xb += 16 * plane) {
+                _tile_loadd(6, xb, plane);
+                _tile_loadd(7, xb + 64, plane);
+                _tile_loadd(4, w, 64);
+                _tile_loadd(5, w + 1024, 64);
+                _tile_dpbsud(0, 4, 6);
+                _tile_dpbsud(1, 4, 7);
+                _tile_dpbsud(2, 5, 6);
+                _tile_dpbsud(3, 5, 7);
+            }
+        }
+        _tile_stored(0, cbuf[0], 64);
+        _tile_stored(1, cbuf[1], 64);
+        _tile_stored(2, cbuf[2], 64);
+        _tile_stored(3, cbuf[3], 64);
+        for (int a = 0; a < 2; a++)
+            for (int r = 0; r < 16; r++) {
+                const int o = (op * 2 + a) * 16 + r;
+                if (o >= g->Og)
+                    break;
+                const __m512i adj = _mm512_set1_epi32(q->adj[o]);
+                for (int b = 0; b < 2 && pb * 2 + b < nvec; b++)
+                    _mm_storeu_si128((__m128i *)(j->obuf + (size_t)o * j->ostride + p0 + 16 * b),
+                                     requant16(_mm512_add_epi32(_mm512_load_si512(cbuf[2 * a + b][r]), adj), o, q));
+            }
+    }
+    _tile_release();
+}
+
+/* As torq_conv_i8, on tiles; wamx [G][OB/2][T][CQ/16][2][16][64] (oc blocks of 16 in pairs,
+ * channel quads in blocks of 16, all zero-padded). */
+int torq_conv_amx_i8(const int8_t *x, int8_t *out, const int8_t *wamx, const torq_geom *g, const torq_rq *rq,
+                     int nthreads)
+{
+    conv_job j;
+    j.g = g;
+    j.CQ = (g->Cg + 3) / 4;
+    j.CQs = (j.CQ + 15) / 16 * 16;
+    j.OB = (g->Og + 15) / 16;                                  /* here: blocks of 16 channels */
+    const int OP = (j.OB + 1) / 2, npb = (g->Lpad / 16 + 1) / 2;
+    j.wblock = (size_t)OP * g->T * (j.CQs / 16) * 2048;         /* one group's weights */
+    uint8_t *scratch = thread_scratch((size_t)g->nph * j.CQs * g->Lph * 4 + (size_t)g->Og * g->Lpad);
+    j.ph = scratch;
+    j.per = OP * npb / (nthreads * 4) + 1;
+    const int direct = g->Wq == g->OW && g->L == g->Lpad;
+    j.ostride = direct ? (size_t)g->L : (size_t)g->Lpad;
+    const int O = g->G * g->Og, nchunks = (OP * npb + j.per - 1) / j.per;
+    for (int n = 0; n < g->N; n++) {
+        for (int gi = 0; gi < g->G; gi++) {
+            j.x = x + (size_t)n * g->C * g->H * g->W;
+            j.c0 = gi * g->Cg;
+            j.w = wamx + (size_t)gi * j.wblock;
+            j.q = *rq;
+            j.q.adj += gi * g->Og;
+            j.q.mult += gi * g->Og;
+            j.q.scale += gi * g->Og;
+            j.out = out + ((size_t)n * O + gi * g->Og) * g->OH * g->OW;
+            j.obuf = direct ? j.out : (int8_t *)(scratch + (size_t)g->nph * j.CQs * g->Lph * 4);
+            torq_parallel_for(g->nph * j.CQ, pack_chunk, &j, nthreads);
+            torq_parallel_for(nchunks, amx_chunk, &j, nthreads);
+            if (!direct)
+                torq_parallel_for(g->Og, compact_chunk, &j, nthreads);
+        }
+    }
+    return 0;
+}
+#else
+int torq_amx_init(void)
+{
+    return 0;
+}
+
+int torq_conv_amx_i8(const int8_t *x, int8_t *out, const int8_t *wamx, const torq_geom *g, const torq_rq *rq,
+                     int nthreads)
+{
+    (void)x, (void)out, (void)wamx, (void)g, (void)rq, (void)nthreads;
+    return -1;
+}
+#endif
 
 /* ------------------------------------------------------------------ numerics check */
 

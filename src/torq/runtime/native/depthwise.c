@@ -317,6 +317,11 @@ static void dw_chunk(void *ctx, int i)
     const int c = i % g->C;
     int8_t *dst = j->out + (size_t)i * g->OH * g->OW;
 #if TORQ_DW_INT
+    if (i + 1 < g->N * g->C) {          /* the next plane (likely this thread's next chunk) */
+        const char *nx = (const char *)(j->x + (size_t)(i + 1) * g->H * g->W);
+        for (size_t o = 0; o < (size_t)g->H * g->W; o += 64)
+            _mm_prefetch(nx + o, _MM_HINT_T1);
+    }
     dwq_plane(j->x + (size_t)i * g->H * g->W, j->dq, g, c, j->rq, buf, dwq_fresh(g, buf),
               (int8_t *)(buf + (size_t)g->nph * g->Lph), dst);
     return;

@@ -21,9 +21,10 @@ from ... import numerics
 from ..kernels import conv_out_size
 from ..kernels.gemm import _pads
 from ..ops import _cached_plan
-from .build import TorqDwq, TorqGeom, TorqRq, int_depthwise, library
+from .build import TorqDwq, TorqGeom, TorqRq, amx, int_depthwise, library
 
 R = 8                                   # output channels per register block (the C kernels)
+AMX_MIN_CHANNELS = 32                   # input channels per group from which a conv runs on AMX tiles
 _F24 = (1 << 24) - 1
 _local = threading.local()
 
@@ -202,7 +203,7 @@ class ConvNative:
                    and (w64.size == 0 or (int(w64.min()) >= -128 and int(w64.max()) <= 127)))
         if not self.ok:
             return
-        self.int_dw = self.depthwise and int_depthwise()
+        self.int_dw, self.amx = self.depthwise and int_depthwise(), False
         if self.depthwise and not self.int_dw:      # float32 path: exact while partial sums < 2**24
             T = KH * KW
             self.ok = int(np.abs(w64).reshape(O, T).sum(axis=1).max(initial=0)) * 128 <= _F24
@@ -212,7 +213,8 @@ class ConvNative:
             self.w64, self.wpack = w64, np.zeros(1, np.float32)
             adj = bias - 128 * w64.reshape(O, -1).sum(axis=1)
         else:
-            self.wpack = _pack_conv(w64, G)
+            self.amx = Cg >= AMX_MIN_CHANNELS and amx()
+            self.wpack = _pack_amx(w64, G) if self.amx else _pack_conv(w64, G)
             adj = bias - 128 * w64.reshape(O, -1).sum(axis=1)
         self.wptr, self.lib, self.outputs = _ptr(self.wpack), library(), _Outputs()
         self.rq = Requant(attrs, sb, adj, O)
@@ -235,6 +237,8 @@ class ConvNative:
         out, addr = self.outputs.get(geo.out_shape)
         if self.depthwise:
             self.lib.torq_dw_i8(_address(x), addr, self.wptr, geo.quads, geo.ref, self.rq.refs[rounding], _threads())
+        elif self.amx:
+            self.lib.torq_conv_amx_i8(_address(x), addr, self.wptr, geo.ref, self.rq.refs[rounding], _threads())
         else:
             self.lib.torq_conv_i8(_address(x), addr, self.wptr, geo.ref, self.rq.refs[rounding], _threads())
         return out
@@ -248,6 +252,17 @@ def _pack_conv(w64: np.ndarray, G: int) -> np.ndarray:
     buf = np.zeros((G, OB * R, T, CQ * 4), dtype=np.int8)
     buf[:, :Og, :, :Cg] = w64.reshape(G, Og, Cg, T).transpose(0, 1, 3, 2)
     return np.ascontiguousarray(buf.reshape(G, OB, R, T, CQ, 4).transpose(0, 1, 3, 4, 2, 5))
+
+
+def _pack_amx(w64: np.ndarray, G: int) -> np.ndarray:
+    """[O, Cg, KH, KW] -> [G][OB/2][T][CQ/16][2][16][64] int8: AMX A tiles of 16 output channels
+    x 64 input channels, output channel blocks in pairs (zero-padded)."""
+    O, Cg, KH, KW = w64.shape
+    Og, T = O // G, KH * KW
+    OP, KB = -(-Og // 32), -(-Cg // 64)
+    buf = np.zeros((G, OP * 32, T, KB * 64), dtype=np.int8)
+    buf[:, :Og, :, :Cg] = w64.reshape(G, Og, Cg, T).transpose(0, 1, 3, 2)
+    return np.ascontiguousarray(buf.reshape(G, OP, 2, 16, T, KB, 64).transpose(0, 1, 4, 5, 2, 3, 6))
 
 
 class FcNative:
@@ -303,10 +318,13 @@ def make(st, rtype, reference):
     if library() is None:
         return None
     op = st.op[len("torq_hl."):] if st.op.startswith("torq_hl.") else None
+    from .eltwise import MAKERS         # (it builds on this module's buffers)
     if op in ("conv2d", "depthwise_conv2d"):
         fn = _native_step(ConvNative, st, rtype, reference)
     elif op == "fully_connected":
         fn = _native_step(FcNative, st, rtype, reference)
+    elif op in MAKERS:
+        fn = MAKERS[op](st, rtype, reference)
     else:
         return None
     if fn is not None:
