@@ -179,3 +179,20 @@ def test_unknown_engine_is_a_one_line_error():
                  "torq_hl.conv2d", (1, 1, 2, 2))
     with pytest.raises(TorqError, match=r"^--engine must be one of native, reference, not 'fast'$"):
         Simulator(p, "fast")
+
+
+def test_a_failing_build_leaves_the_reference_engine(monkeypatch, tmp_path):
+    """A compiler that fails: no library, ``why()`` says so, and a native Simulator runs the
+    reference kernels (same results); nothing half-built is left in the cache."""
+    monkeypatch.setenv("CC", "/bin/false")
+    monkeypatch.setenv("TORQ_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(build, "_state", {})
+    assert native.library() is None and "failed" in native.why()
+    rng = np.random.default_rng(3)
+    attrs, w, sb, op = _conv_step(4, 4, (3, 3), (1, 1), (1, 1), [1, 1, 1, 1], 1, 0, False, rng=rng)
+    x = rng.integers(-128, 128, (1, 4, 5, 5)).astype(np.int8)
+    p = _program(x.shape, w, sb, attrs, op, (1, 4, 5, 5))
+    sim = Simulator(p, "native")
+    assert sim.engine == "reference"
+    assert np.array_equal(sim.run([x])[0], Simulator(p, "reference").run([x])[0])
+    assert not [f for f in tmp_path.rglob("*") if f.is_file()]

@@ -112,21 +112,27 @@ def _key(cc: str, flags: list[str]) -> str:
 
 
 def _build(cc: str, flags: list[str], dest: Path) -> str | None:
-    """Compile into ``dest`` (temp file + rename); the compiler's first error line, or None."""
+    """Compile into ``dest`` (temp file + rename); the compiler's first error line, or None.
+    The units compile side by side (one compiler per unit), then link."""
     dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=dest.parent)
-    os.close(fd)
-    try:
-        cmd = [cc, *flags, "-I", str(SOURCES[-1].parent), *map(str, _UNITS), "-o", tmp, "-lm", "-lpthread"]
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-        if r.returncode:
-            lines = [ln for ln in (r.stderr or r.stdout).splitlines() if "error" in ln] or ["failed"]
+    with tempfile.TemporaryDirectory(dir=dest.parent) as tmp:
+        objs = [Path(tmp) / f"{u.stem}.o" for u in _UNITS]
+        compile_flags = [f for f in flags if f != "-shared"]
+        procs = [subprocess.Popen([cc, *compile_flags, "-I", str(SOURCES[-1].parent), "-c", str(u), "-o", str(o)],
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                 for u, o in zip(_UNITS, objs)]
+        results = [(p.communicate(timeout=300)[0], p.returncode) for p in procs]
+        r = None
+        if not any(rc for _, rc in results):
+            r = subprocess.run([cc, *flags, *map(str, objs), "-o", str(Path(tmp) / "lib.so"), "-lm", "-lpthread"],
+                               capture_output=True, text=True, timeout=300)
+            results.append((r.stderr or r.stdout, r.returncode))
+        failed = [out for out, rc in results if rc]
+        if failed:
+            lines = [ln for ln in failed[0].splitlines() if "error" in ln] or ["failed"]
             return lines[0].strip()
-        os.replace(tmp, dest)
+        os.replace(Path(tmp) / "lib.so", dest)
         return None
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 def _load() -> tuple[ctypes.CDLL | None, str]:
