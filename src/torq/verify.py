@@ -2,7 +2,7 @@
 
 Per output |Δ| in LSB, and per rescaling op how the native NPU rounding differs from ORT's on
 the very same inputs, and why (tie / near-tie / other).
-May import: torq.reference, torq.runtime, torq.graph.
+May import: torq.reference, torq.runtime, torq.graph, torq.numerics.
 """
 from __future__ import annotations
 

@@ -27,7 +27,8 @@ def demo(tmp_path_factory):
 
 def test_demo_without_full_integer_is_all_nss(demo):
     d = demo.parent
-    assert cli("discover", "--model", demo, "--output-dir", d, "--skip-mode", "--quantize") == 0
+    # the recommended recipe is full-integer (int8 I/O); float graph I/O, the seed's, is --no-full-integer
+    assert cli("discover", "--model", demo, "--output-dir", d, "--skip-mode", "--quantize", "--no-full-integer") == 0
     r = json.loads((d / "torq_gen_config_demo.json").read_text())
     assert [lid for lid, op in r["ops"].items() if op["recommended_executor"] != "nss"] == []
     explained = {lid for lid, op in r["ops"].items() if "explained" in op["executors"]["nss"]}
@@ -84,7 +85,7 @@ def test_resnet18_hybrid_without_full_integer(tmp_path):
     from torq.fileio import save_model
     model = save_model(zoo.resnet18(32), tmp_path / "resnet18.onnx")
     assert cli("discover", "--model", model, "--output-dir", tmp_path, "--skip-mode", "--quantize",
-               "--quant-format", "hybrid", "--dedup-layers") == 0
+               "--no-full-integer", "--quant-format", "hybrid", "--dedup-layers") == 0
     r = json.loads((tmp_path / "torq_gen_config_resnet18.json").read_text())
     nss = sum(op["recommended_executor"] == "nss" for op in r["ops"].values())
     assert len(r["ops"]) == 49 and nss >= 47, r["final_report_text"]

@@ -68,7 +68,7 @@ def test_run_native_and_bit_exact_ort(example, capsys):
 
 def test_run_refuses_other_flags(example, capsys):
     model, d = example
-    assert cli("run", "--model", model, "--output-dir", d, "--quantize") == 2
+    assert cli("run", "--model", model, "--output-dir", d, "--quantize", "--no-full-integer") == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "different quantization" in err and "--full-integer on -> off" in err
     assert len(err) - len("torq-gen-config: error: ") <= 240

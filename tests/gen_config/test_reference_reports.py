@@ -80,7 +80,8 @@ def test_edit_changes_only_that_assignment(ref, capsys):
     assert cli("edit", ref, "--layer", lid, "--executor", target) == 0
     after = json.loads(ref.read_text())
     for k, op in before["ops"].items():
-        want = dict(op, recommended_executor=target) if k == lid else op
+        # the edited layer: its executor, and the edit recorded as data (a later discover keeps it)
+        want = dict(op, recommended_executor=target, edit={"executor": target}) if k == lid else op
         assert after["ops"][k] == want
     assert {k: v for k, v in after.items() if k not in ("ops", "discovery_report", "final_report_text")} == \
         {k: v for k, v in before.items() if k not in ("ops", "discovery_report", "final_report_text")}

@@ -20,7 +20,7 @@ from torq.quantize.recipe_flags import FLAGS, recipe_from_args
 FIELDS = [f.name for f in dataclasses.fields(Recipe)]
 
 #: a value different from the default for every field
-CHANGED = {"format": "hybrid", "per_channel": True, "full_integer": True,
+CHANGED = {"input_shape": ("x=1,3,8,8",), "format": "hybrid", "per_channel": True, "full_integer": True,
            "calibrate_method": "entropy", "calibration_data": "calib.npz", "num_calib": 7,
            "preprocess": "norm=tf", "fold": False, "dead_channels": False, "equalize": "skip",
            "bias_correction": True, "exact_scales": True, "nodes_to_quantize": ("a",),

@@ -127,9 +127,10 @@ def test_other_flags_or_damage_refused_then_fresh_keeps_a_backup(model, tmp_path
     assert cli("discover", "--model", model, "--output-dir", tmp_path, *Q) == 0
     assert cli("edit", "--model", model, "--output-dir", tmp_path, "--layer", "Gemm", "--executor", "host") == 0
     before = (tmp_path / "torq_gen_config_example.json").read_text()
-    assert cli("discover", "--model", model, "--output-dir", tmp_path, "--quantize", "--per-channel") == 2
+    assert cli("discover", "--model", model, "--output-dir", tmp_path, "--quantize", "--no-per-channel") == 2
     line = last_error(capsys)
-    assert "discovered with other flags" in line and "per_channel" in line and "--fresh" in line
+    assert "discovered with different quantization flags" in line and "--per-channel on -> off" in line \
+        and "--fresh" in line
     assert (tmp_path / "torq_gen_config_example.json").read_text() == before
     for damaged in ("", "[]", before[: len(before) // 2]):
         (tmp_path / "torq_gen_config_example.json").write_text(damaged)

@@ -29,6 +29,8 @@ def load(path: str | Path) -> dict:
         raise TorqError(f"{path}: cannot read: {getattr(e, 'strerror', None) or e}") from None
     except json.JSONDecodeError as e:
         raise TorqError(f"{path}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+    except (ValueError, RecursionError) as e:   # a 5,000-digit integer, 100,000 nested arrays
+        raise TorqError(f"{path}: not a readable JSON ({type(e).__name__})") from None
     if not isinstance(data, dict) or not isinstance(data.get("op_assignments"), dict):
         raise TorqError(f"{path}: not a compiler JSON (no 'op_assignments' object)")
     for loc, a in data["op_assignments"].items():

@@ -329,15 +329,12 @@ def _start_report(path: Path, stem: str, opts: DiscoverOptions) -> dict:
 
 
 def _other_flags(got, expected: dict) -> str | None:
+    from .options import fingerprint_mismatch
     if got == expected:
         return None
     if not isinstance(got, dict):
         return "has no quantization fingerprint (not made by this discover)"
-    diff = sorted(k for k in set(got) | set(expected) if got.get(k) != expected.get(k))
-    if "model_sha256" in diff:
-        return "was discovered for another version of the model"
-    return "was discovered with other flags (" + ", ".join(
-        f"{k}: {got.get(k)!r} there, {expected.get(k)!r} now" for k in diff) + ")"
+    return fingerprint_mismatch(got, expected, "it", limit=160, tail="")
 
 
 def _plan(ctx: Context, layers) -> list:

@@ -170,3 +170,40 @@ def use_engine(engine: str | None) -> None:
     """--engine: the NSS engine of this process and of every worker it starts (TORQ_ENGINE)."""
     if engine:
         os.environ["TORQ_ENGINE"] = engine
+
+
+_SHOW = {True: "on", False: "off", None: "none"}
+
+
+def _flag(key: str) -> str:
+    """The command-line flag behind a fingerprint key (a Recipe field: its flag)."""
+    from ..quantize.recipe_flags import FLAGS
+    if key in FLAGS:
+        return FLAGS[key][0][0]
+    return {"calibration_sha256": "--calibration-data (contents)", "recipe_fingerprint": "--recipe"}.get(
+        key, "--" + key.replace("_", "-"))
+
+
+def fingerprint_mismatch(got: dict | None, expected: dict, name: str, limit: int = 240,
+                         tail: str = "; rerun discover, or run with its flags") -> str | None:
+    """One line (at most ``limit`` characters) naming the flags that differ (``NAME was discovered
+    with different quantization flags: --flag old -> new, ...`` + ``tail``), or None."""
+    if got is None:
+        return None      # a reference-tool JSON: nothing to check against (the CLI says so)
+    diff = [k for k in sorted(set(got) | set(expected)) if got.get(k) != expected.get(k)]
+    if len(diff) > 1:
+        diff = [k for k in diff if k != "recipe_fingerprint"]    # the hash of the fields named
+    if not diff:
+        return None
+    parts = ["the model file changed" if k == "model_sha256" else
+             f"{_flag(k)} {_SHOW.get(got.get(k), got.get(k))} -> {_SHOW.get(expected.get(k), expected.get(k))}"
+             for k in diff]
+    head = f"{name} was discovered with different quantization flags: "
+    shown = []
+    for i, part in enumerate(parts):
+        more = f" (+{len(parts) - i - 1} more)" if i < len(parts) - 1 else ""
+        if len(head + ", ".join(shown + [part]) + more + tail) > limit:
+            shown.append(f"+{len(parts) - i} more")
+            break
+        shown.append(part)
+    return (head + ", ".join(shown) + tail)[:limit]

@@ -46,7 +46,7 @@ def find_report(out_dir, stem: str, suffix: str = "") -> Path | None:
             continue
         try:
             data = json.loads(p.read_text())
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):
             continue
         if isinstance(data, dict) and "ops" in data and data.get("model_name") == stem:
             hits.append(p)
@@ -143,7 +143,7 @@ def save(report: dict, path: Path, keep_compiler_extras: bool = False) -> None:
     if keep_compiler_extras and compiler_path(path).exists():
         try:
             old = json.loads(compiler_path(path).read_text())
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):
             old = {}
         for k, v in (old.items() if isinstance(old, dict) else ()):
             comp.setdefault(k, v)

@@ -186,7 +186,7 @@ def is_compiler_json(path: Path) -> bool:
     """A JSON with ``op_assignments`` and no ``ops`` (read errors are left to the loaders)."""
     try:
         data = json.loads(Path(path).read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return False
     return isinstance(data, dict) and "op_assignments" in data and "ops" not in data
 

@@ -4,7 +4,7 @@
     q = apply(preset("exact").replace(calibration_data="photos/", preprocess="resize=256,crop=224,norm=tf"),
               "model.onnx").model
     q = quantize("model.onnx", "model.int8.onnx", per_channel=True, full_integer=True)
-May import: torq.data, torq.graph, torq.numerics, torq.errors, torq.fileio, torq.cli_util.
+May import: torq.data, torq.graph, torq.numerics, torq.reference, torq.errors, torq.fileio, torq.cli_util, torq.progress.
 """
 import sys
 import types

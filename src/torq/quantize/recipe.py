@@ -267,13 +267,24 @@ def apply(recipe: Recipe, model, reader=None, *, where: str | None = None,
     from . import memory_bound
     from .calibration import make_reader
     src, where = load_fp32(model, where, recipe.input_shape)
+    if recipe.per_channel:
+        from ..graph.opset import PER_AXIS, at_least
+        src = at_least(src, PER_AXIS, f"{where}: --per-channel (per-axis DequantizeLinear)")
     if reader is None:                           # (a caller's reader knows its own sizes)
         memory_bound.check(src, recipe.num_calib, where, "--num-calib")
     reader = reader if reader is not None else make_reader(src, recipe)
     if ("*", "auto") in recipe.precision:            # int16 layers chosen by measurement first
         from .auto_precision import apply_auto
         return apply_auto(recipe, src, reader, where=where, wrap_lone_ops=wrap_lone_ops)
-    prepared = prepare(recipe, src, reader)
+    try:
+        prepared = prepare(recipe, src, reader)
+    except TorqError:
+        raise
+    except Exception as e:  # noqa: BLE001 - ORT and numpy failures on the user's model and data
+        from pathlib import Path
+        from .static import ort_failure
+        raise TorqError(f"{where}: the fp32 calibration pass (equalization, bias correction) failed: "
+                        f"{ort_failure(e, Path('/nonexistent'), where)}") from None
     q = quantize_prepared(recipe, prepared, reader, where=where, wrap_lone_ops=wrap_lone_ops)
     return Quantized(q, prepared, recipe)
 

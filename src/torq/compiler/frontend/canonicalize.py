@@ -341,11 +341,9 @@ def _ranks(m: onnx.ModelProto) -> dict:
 
 
 def _convert_opset(m: onnx.ModelProto, version: int) -> onnx.ModelProto:
-    try:
-        return onnx.version_converter.convert_version(m, version)
-    except Exception as e:   # noqa: BLE001 - the converter raises plain RuntimeError
-        raise TorqError(f"canonicalize: the importer needs opset {version} (per-channel DequantizeLinear: 13, "
-                        f"MaxPool: 12, Softmax: 13, ...), and converting the model failed: {one_line(e, 200)}") from e
+    from ...graph.opset import at_least
+    return at_least(m, version, "canonicalize: the importer (per-channel DequantizeLinear: 13, MaxPool: 12, "
+                                "Softmax: 13, ...)")
 
 
 def _check(m: onnx.ModelProto) -> onnx.ModelProto:
