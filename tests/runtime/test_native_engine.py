@@ -87,6 +87,25 @@ def test_conv_bit_identical(isa, monkeypatch, seed, depthwise, k, stride, dil, C
     _run_both(_program(x.shape, w, sb, attrs, op, (n, O, OH, OW)), x)
 
 
+@pytest.mark.parametrize("k, stride, dil, hw", [
+    ((3, 3), (1, 1), (1, 1), (5, 150)),     # rows of 150: 10 vectors, register tiles of 8 + 2
+    ((3, 3), (2, 2), (1, 1), (9, 300)),     # stride 2 over 64-byte loads
+    ((5, 5), (3, 3), (1, 1), (13, 70)),     # stride 3: the scalar gather
+    ((1, 7), (1, 1), (1, 9), (3, 90)),      # taps 54 bytes apart: a row split in two windows
+    ((7, 2), (1, 2), (2, 1), (20, 33)),
+])
+def test_depthwise_geometries(k, stride, dil, hw):
+    """Depthwise shapes the random test does not reach: long rows, stride 3, taps far apart."""
+    rng = np.random.default_rng(sum(k) + sum(hw))
+    C = 5
+    pads = [1, 2, 0, 1]
+    OH = _out_size(hw[0], k[0], stride[0], dil[0], pads[2], pads[3])
+    OW = _out_size(hw[1], k[1], stride[1], dil[1], pads[0], pads[1])
+    attrs, w, sb, op = _conv_step(C, C, k, stride, dil, pads, C, int(rng.integers(-128, 128)), False, rng=rng)
+    x = rng.integers(-128, 128, (1, C, *hw)).astype(np.int8)
+    _run_both(_program(x.shape, w, sb, attrs, op, (1, C, OH, OW)), x)
+
+
 @pytest.mark.parametrize("amx", ["1", "0"])
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(seed=st.integers(0, 2**32 - 1), k=st.sampled_from([1, 3]), stride=st.sampled_from([1, 2]),
