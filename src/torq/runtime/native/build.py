@@ -46,7 +46,7 @@ class TorqGeom(ctypes.Structure):
     _fields_ = [(n, ctypes.c_int32) for n in (
         "N", "C", "H", "W", "G", "Cg", "Og", "OH", "OW", "T", "nph", "rows", "Wq", "sh", "sw", "pt", "pl",
         "padv", "L", "Lpad", "Lph")] + [("ph_ab", ctypes.c_void_p), ("tap_ph", ctypes.c_void_p),
-                                        ("tap_off", ctypes.c_void_p)]
+                                        ("tap_off", ctypes.c_void_p), ("id", ctypes.c_int64)]
 
 
 class TorqDwq(ctypes.Structure):

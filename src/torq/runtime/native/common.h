@@ -44,6 +44,7 @@ typedef struct {
     const int32_t *ph_ab;       /* [nph][2] phase (row, column) residue */
     const int32_t *tap_ph;      /* [T] phase of each tap */
     const int32_t *tap_off;     /* [T] pixel offset of each tap inside its phase */
+    int64_t id;                 /* unique in the process (> 0): a scratch buffer's padding is this geometry's */
 } torq_geom;
 
 /* A buffer of at least n bytes owned by the calling thread, reused from call to call (no fresh

@@ -174,25 +174,6 @@ static int dwq_plane(const int8_t *x, const torq_dwq *d, const torq_geom *g, int
     return 1;
 }
 
-/* Whether this thread's phase buffer holds the padding of geometry g already (the same buffer
- * serves every depthwise layer the thread runs). */
-static int dwq_fresh(const torq_geom *g, const uint8_t *buf)
-{
-    static _Thread_local torq_geom last;
-    static _Thread_local int32_t last_ab[64];
-    static _Thread_local const uint8_t *last_buf;
-    torq_geom key;
-    memset(&key, 0, sizeof key);
-    memcpy(&key.H, &g->H, offsetof(torq_geom, Lph) + sizeof key.Lph - offsetof(torq_geom, H));   /* not N, C */
-    const int nab = 2 * g->nph <= 64 ? 2 * g->nph : 0;
-    if (nab && buf == last_buf && !memcmp(&key, &last, sizeof key) && !memcmp(g->ph_ab, last_ab, nab * sizeof(int32_t)))
-        return 0;
-    last = key;
-    last_buf = nab ? buf : NULL;
-    if (nab)
-        memcpy(last_ab, g->ph_ab, nab * sizeof(int32_t));
-    return 1;
-}
 #endif
 
 /* One channel plane: float phases, float accumulation (exact: the caller bounds every partial
@@ -299,21 +280,28 @@ typedef struct {
     const torq_rq *rq;
 } dw_job;
 
-/* one channel plane of one image; each thread keeps its scratch (phases, wide row) */
+/* one channel plane of one image; each thread keeps its scratch (phases, wide row), and which
+ * geometry's padding the integer path's phases hold (written once, not per plane) */
 static void dw_chunk(void *ctx, int i)
 {
-    static _Thread_local uint8_t *buf;
-    static _Thread_local size_t cap;
+    static _Thread_local struct {
+        uint8_t *buf;
+        size_t cap;
+        int64_t padded;
+    } tls;
+    __typeof__(tls) *t = &tls;          /* one thread-local lookup per plane */
     const dw_job *j = ctx;
     const torq_geom *g = j->g;
     const size_t phb = (size_t)g->nph * g->Lph * sizeof(float), need = phb + g->Lpad + 64;
-    if (cap < need) {
-        free(buf);
-        buf = malloc(need);
-        cap = buf ? need : 0;
-        if (!buf)
+    if (t->cap < need) {
+        free(t->buf);
+        t->buf = malloc(need);
+        t->cap = t->buf ? need : 0;
+        t->padded = 0;
+        if (!t->buf)
             abort();
     }
+    uint8_t *buf = t->buf;
     const int c = i % g->C;
     int8_t *dst = j->out + (size_t)i * g->OH * g->OW;
 #if TORQ_DW_INT
@@ -322,7 +310,9 @@ static void dw_chunk(void *ctx, int i)
         for (size_t o = 0; o < (size_t)g->H * g->W; o += 64)
             _mm_prefetch(nx + o, _MM_HINT_T1);
     }
-    dwq_plane(j->x + (size_t)i * g->H * g->W, j->dq, g, c, j->rq, buf, dwq_fresh(g, buf),
+    const int fresh = t->padded != g->id;
+    t->padded = g->id;
+    dwq_plane(j->x + (size_t)i * g->H * g->W, j->dq, g, c, j->rq, buf, fresh,
               (int8_t *)(buf + (size_t)g->nph * g->Lph), dst);
     return;
 #endif

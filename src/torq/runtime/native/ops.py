@@ -12,6 +12,7 @@ the native output against the plain numpy formula.
 from __future__ import annotations
 
 import ctypes
+import itertools
 import threading
 import weakref
 
@@ -27,6 +28,7 @@ R = 8                                   # output channels per register block (th
 AMX_MIN_CHANNELS = 32                   # input channels per group from which a conv runs on AMX tiles
 _F24 = (1 << 24) - 1
 _local = threading.local()
+_GEOMETRY_IDS = itertools.count(1)       # torq_geom.id: never reused in a process
 
 
 def set_threads(n: int) -> None:
@@ -124,7 +126,7 @@ class _Geometry:
         self.Wq = Wq
         self.struct = TorqGeom(N, C, H, W, groups, Cg, O // groups, OH, OW, len(taps), len(phases), OH + mri, Wq,
                                sh, sw, pt, pl, int(pad_value), L, Lpad, self.Lph,
-                               _ptr(self.ph_ab), _ptr(self.tap_ph), _ptr(self.tap_off))
+                               _ptr(self.ph_ab), _ptr(self.tap_ph), _ptr(self.tap_off), next(_GEOMETRY_IDS))
         self.ref = ctypes.pointer(self.struct)
 
 
