@@ -107,6 +107,29 @@ def test_depthwise_geometries(k, stride, dil, hw):
 
 
 @pytest.mark.parametrize("amx", ["1", "0"])
+@pytest.mark.parametrize("Cg, k, stride, pads, hw", [
+    (8, 1, 1, [0, 0, 0, 0], (3, 150)),        # rows of 150: the 64-pixel channel-quad packing
+    (40, 1, 1, [0, 0, 0, 0], (2, 200)),
+    (44, 1, 1, [0, 0, 0, 0], (9, 14)),        # an unpadded 1x1: the planes packed as one row
+    (12, 1, 2, [0, 0, 0, 0], (9, 70)),
+    (36, 3, 1, [1, 1, 1, 1], (4, 131)),
+    (6, 3, 2, [1, 0, 1, 0], (5, 260)),
+])
+def test_conv_long_rows(amx, monkeypatch, Cg, k, stride, pads, hw):
+    """Convolutions over rows long enough for the 64-pixel packing path, VNNI and AMX."""
+    monkeypatch.setenv("TORQ_NATIVE_AMX", amx)
+    monkeypatch.setattr(build, "_state", {})
+    rng = np.random.default_rng(Cg * 1000 + hw[1])
+    O = 19
+    OH = _out_size(hw[0], k, stride, 1, pads[2], pads[3])
+    OW = _out_size(hw[1], k, stride, 1, pads[0], pads[1])
+    attrs, w, sb, op = _conv_step(O, Cg, (k, k), (stride, stride), (1, 1), pads, 1, int(rng.integers(-128, 128)),
+                                  False, rng=rng)
+    x = rng.integers(-128, 128, (1, Cg, *hw)).astype(np.int8)
+    _run_both(_program(x.shape, w, sb, attrs, op, (1, O, OH, OW)), x)
+
+
+@pytest.mark.parametrize("amx", ["1", "0"])
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(seed=st.integers(0, 2**32 - 1), k=st.sampled_from([1, 3]), stride=st.sampled_from([1, 2]),
        dil=st.sampled_from([1, 2]), Cg=st.sampled_from([32, 36, 64, 100]), groups=st.sampled_from([1, 2]),

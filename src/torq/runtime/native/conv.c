@@ -42,6 +42,25 @@ static void interleave4(uint8_t *d, const int8_t *s0, const int8_t *s1, const in
 {
     int q = 0;
 #if TORQ_VNNI
+    if (sw == 1) {              /* 64 pixels: byte / word unpacks in each 128-bit lane, then a 4x4 lane transpose */
+        const __m512i f = _mm512_set1_epi8((char)0x80);
+        for (; q + 64 <= n; q += 64) {
+            const __m512i a0 = _mm512_xor_si512(_mm512_loadu_si512(s0 + q), f);
+            const __m512i a1 = _mm512_xor_si512(_mm512_loadu_si512(s1 + q), f);
+            const __m512i a2 = _mm512_xor_si512(_mm512_loadu_si512(s2 + q), f);
+            const __m512i a3 = _mm512_xor_si512(_mm512_loadu_si512(s3 + q), f);
+            const __m512i lo01 = _mm512_unpacklo_epi8(a0, a1), hi01 = _mm512_unpackhi_epi8(a0, a1);
+            const __m512i lo23 = _mm512_unpacklo_epi8(a2, a3), hi23 = _mm512_unpackhi_epi8(a2, a3);
+            const __m512i r0 = _mm512_unpacklo_epi16(lo01, lo23), r1 = _mm512_unpackhi_epi16(lo01, lo23);
+            const __m512i r2 = _mm512_unpacklo_epi16(hi01, hi23), r3 = _mm512_unpackhi_epi16(hi01, hi23);
+            const __m512i t0 = _mm512_shuffle_i64x2(r0, r1, 0x44), t1 = _mm512_shuffle_i64x2(r2, r3, 0x44);
+            const __m512i t2 = _mm512_shuffle_i64x2(r0, r1, 0xEE), t3 = _mm512_shuffle_i64x2(r2, r3, 0xEE);
+            _mm512_storeu_si512(d + 4 * q, _mm512_shuffle_i64x2(t0, t1, 0x88));
+            _mm512_storeu_si512(d + 4 * q + 64, _mm512_shuffle_i64x2(t0, t1, 0xDD));
+            _mm512_storeu_si512(d + 4 * q + 128, _mm512_shuffle_i64x2(t2, t3, 0x88));
+            _mm512_storeu_si512(d + 4 * q + 192, _mm512_shuffle_i64x2(t2, t3, 0xDD));
+        }
+    }
     if (sw == 1) {
         const __m128i f = _mm_set1_epi8((char)0x80);
         for (; q + 16 <= n; q += 16) {
@@ -84,6 +103,14 @@ static void pack_phase(const int8_t *x, const torq_geom *g, int c0, uint8_t *ph,
             int q0, q1;
             col_range(g, b, &q0, &q1);
             uint8_t *dst = ph + ((size_t)k * CQ + cq) * plane;
+            if (nreal == 4 && g->sh == 1 && g->sw == 1 && a == 0 && b == 0 && g->pt == 0 && g->pl == 0
+                && g->Wq == g->W && g->rows == g->H) {      /* unpadded, unit stride: the planes are one row */
+                const int8_t *s0 = x + (size_t)(c0 + 4 * cq) * g->H * g->W;
+                const size_t hw = (size_t)g->H * g->W;
+                interleave4(dst, s0, s0 + hw, s0 + 2 * hw, s0 + 3 * hw, (int)hw, 1);
+                memset(dst + hw * 4, 0, plane - hw * 4);
+                return;
+            }
             for (int r = 0; r < g->rows; r++) {
                 const int y = r * g->sh + a - g->pt;
                 uint8_t *d = dst + (size_t)r * g->Wq * 4;
