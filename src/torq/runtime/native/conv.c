@@ -36,13 +36,28 @@ static inline void fill32(uint8_t *d, int n, uint32_t v)
         memcpy(d + 4 * i, &v, 4);
 }
 
-/* d[4q + l] = s_l[q * sw] ^ 0x80 for q < n (4 channel rows into quads) */
+#if TORQ_VNNI
+/* 16 pixels of a channel row from pixel q (stride sw 1 or 2; cnt <= 16 of them exist) ^ 0x80;
+ * 0 for a missing channel (s NULL: its weights are 0) */
+static inline __m128i row16(const int8_t *s, int q, int sw, int cnt)
+{
+    if (!s)
+        return _mm_setzero_si128();
+    const __m128i f = _mm_set1_epi8((char)0x80);
+    if (sw == 1)
+        return _mm_xor_si128(_mm_maskz_loadu_epi8((__mmask16)((1u << cnt) - 1), s + q), f);
+    const __m256i v = _mm256_maskz_loadu_epi8((__mmask32)((1ull << (2 * cnt - 1)) - 1), s + 2 * q);
+    return _mm_xor_si128(_mm256_cvtepi16_epi8(v), f);
+}
+#endif
+
+/* d[4q + l] = s_l[q * sw] ^ 0x80 for q < n (4 channel rows into quads; a NULL row gives 0) */
 static void interleave4(uint8_t *d, const int8_t *s0, const int8_t *s1, const int8_t *s2, const int8_t *s3, int n,
                         int sw)
 {
     int q = 0;
 #if TORQ_VNNI
-    if (sw == 1) {              /* 64 pixels: byte / word unpacks in each 128-bit lane, then a 4x4 lane transpose */
+    if (sw == 1 && s0 && s1 && s2 && s3) {  /* 64 pixels: unpacks in each 128-bit lane, then a 4x4 lane transpose */
         const __m512i f = _mm512_set1_epi8((char)0x80);
         for (; q + 64 <= n; q += 64) {
             const __m512i a0 = _mm512_xor_si512(_mm512_loadu_si512(s0 + q), f);
@@ -61,28 +76,24 @@ static void interleave4(uint8_t *d, const int8_t *s0, const int8_t *s1, const in
             _mm512_storeu_si512(d + 4 * q + 192, _mm512_shuffle_i64x2(t2, t3, 0xDD));
         }
     }
-    if (sw == 1) {
-        const __m128i f = _mm_set1_epi8((char)0x80);
-        for (; q + 16 <= n; q += 16) {
-            const __m128i a0 = _mm_xor_si128(_mm_loadu_si128((const __m128i *)(s0 + q)), f);
-            const __m128i a1 = _mm_xor_si128(_mm_loadu_si128((const __m128i *)(s1 + q)), f);
-            const __m128i a2 = _mm_xor_si128(_mm_loadu_si128((const __m128i *)(s2 + q)), f);
-            const __m128i a3 = _mm_xor_si128(_mm_loadu_si128((const __m128i *)(s3 + q)), f);
+    if (sw <= 2)                /* 16 pixels a step, the last one masked */
+        for (; q < n; q += 16) {
+            const int cnt = n - q < 16 ? n - q : 16;
+            const __m128i a0 = row16(s0, q, sw, cnt), a1 = row16(s1, q, sw, cnt);
+            const __m128i a2 = row16(s2, q, sw, cnt), a3 = row16(s3, q, sw, cnt);
             const __m128i lo01 = _mm_unpacklo_epi8(a0, a1), hi01 = _mm_unpackhi_epi8(a0, a1);
             const __m128i lo23 = _mm_unpacklo_epi8(a2, a3), hi23 = _mm_unpackhi_epi8(a2, a3);
-            _mm_storeu_si128((__m128i *)(d + 4 * q), _mm_unpacklo_epi16(lo01, lo23));
-            _mm_storeu_si128((__m128i *)(d + 4 * q + 16), _mm_unpackhi_epi16(lo01, lo23));
-            _mm_storeu_si128((__m128i *)(d + 4 * q + 32), _mm_unpacklo_epi16(hi01, hi23));
-            _mm_storeu_si128((__m128i *)(d + 4 * q + 48), _mm_unpackhi_epi16(hi01, hi23));
+            const __m128i o[4] = {_mm_unpacklo_epi16(lo01, lo23), _mm_unpackhi_epi16(lo01, lo23),
+                                  _mm_unpacklo_epi16(hi01, hi23), _mm_unpackhi_epi16(hi01, hi23)};
+            const __mmask64 m = cnt == 16 ? ~(__mmask64)0 : (((__mmask64)1 << (4 * cnt)) - 1);
+            for (int k = 0; k < 4; k++)
+                _mm_mask_storeu_epi8(d + 4 * q + 16 * k, (__mmask16)(m >> (16 * k)), o[k]);
         }
-    }
 #endif
-    for (; q < n; q++) {
-        d[4 * q] = (uint8_t)s0[q * sw] ^ 0x80;
-        d[4 * q + 1] = (uint8_t)s1[q * sw] ^ 0x80;
-        d[4 * q + 2] = (uint8_t)s2[q * sw] ^ 0x80;
-        d[4 * q + 3] = (uint8_t)s3[q * sw] ^ 0x80;
-    }
+    const int8_t *s[4] = {s0, s1, s2, s3};
+    for (; q < n; q++)
+        for (int l = 0; l < 4; l++)
+            d[4 * q + l] = s[l] ? (uint8_t)s[l][q * sw] ^ 0x80 : 0;
 }
 
 /* Phase k, channel quad cq of channels [c0, c0 + Cg) of image x [C][H][W] as u8 quads
@@ -123,13 +134,7 @@ static void pack_phase(const int8_t *x, const torq_geom *g, int c0, uint8_t *ph,
                 const int8_t *s[4] = {0, 0, 0, 0};
                 for (int l = 0; l < nreal; l++)
                     s[l] = x + ((size_t)(c0 + 4 * cq + l) * g->H + y) * g->W + q0 * g->sw + b - g->pl;
-                if (nreal == 4) {
-                    interleave4(d + 4 * q0, s[0], s[1], s[2], s[3], q1 - q0, g->sw);
-                    continue;
-                }
-                for (int q = 0; q < q1 - q0; q++)
-                    for (int l = 0; l < 4; l++)
-                        d[4 * (q0 + q) + l] = l < nreal ? ((uint8_t)s[l][q * g->sw] ^ 0x80) : 0;
+                interleave4(d + 4 * q0, s[0], s[1], s[2], s[3], q1 - q0, g->sw);
             }
             memset(dst + (size_t)g->rows * g->Wq * 4, 0, plane - (size_t)g->rows * g->Wq * 4);
         }
