@@ -142,6 +142,15 @@ static void pack_phase(const int8_t *x, const torq_geom *g, int c0, uint8_t *ph,
 }
 
 #if TORQ_VNNI
+/* 16 outputs at pixel p of a row of lim (the output plane itself ends there: masked) */
+static inline void tile_store(int8_t *row, int p, int lim, __m128i v)
+{
+    if (p + 16 <= lim)
+        _mm_storeu_si128((__m128i *)(row + p), v);
+    else if (p < lim)
+        _mm_mask_storeu_epi8(row + p, (__mmask16)((1u << (lim - p)) - 1), v);
+}
+
 /* dot products of R channels x P pixel vectors at pixel p0; w [T][CQ][R][4] of this block */
 static inline __attribute__((always_inline)) void
 tile_vnni(const uint8_t *ph, const torq_geom *g, int CQ, const int8_t *w, int p0, int P, const torq_rq *q,
@@ -173,7 +182,7 @@ tile_vnni(const uint8_t *ph, const torq_geom *g, int CQ, const int8_t *w, int p0
         if (o >= Og)
             break;
         for (int k = 0; k < P; k++)
-            _mm_storeu_si128((__m128i *)(obuf + (size_t)o * ostride + p0 + 16 * k), requant16(acc[r][k], o, &qq));
+            tile_store(obuf + (size_t)o * ostride, p0 + 16 * k, (int)ostride, requant16(acc[r][k], o, &qq));
     }
 }
 
@@ -207,7 +216,7 @@ __attribute__((unused)) static void tile_generic(const uint8_t *ph, const torq_g
         const int o = ob * R + r;
         if (o >= Og)
             break;
-        requant_row(acc[r], n, o, q, obuf + (size_t)o * ostride + p0);
+        requant_row(acc[r], p0 + n <= (int)ostride ? n : (int)ostride - p0, o, q, obuf + (size_t)o * ostride + p0);
     }
 }
 
@@ -277,7 +286,7 @@ int torq_conv_i8(const int8_t *x, int8_t *out, const int8_t *wpack, const torq_g
     j.rest = nvec % 3;
     j.ntiles = j.n3 + (j.rest ? 1 : 0);
     j.per = j.OB * j.ntiles / (nthreads * 8) + 1;
-    const int direct = g->Wq == g->OW && g->L == g->Lpad;      /* tiles write the output itself */
+    const int direct = g->Wq == g->OW;      /* rows without junk columns: tiles write the output itself */
     j.ostride = direct ? (size_t)g->L : (size_t)g->Lpad;
     const int O = g->G * g->Og, nchunks = (j.OB * j.ntiles + j.per - 1) / j.per;
     for (int n = 0; n < g->N; n++) {
@@ -371,8 +380,8 @@ static void amx_chunk(void *ctx, int i)
                     break;
                 const __m512i adj = _mm512_set1_epi32(q->adj[o]);
                 for (int b = 0; b < 2 && pb * 2 + b < nvec; b++)
-                    _mm_storeu_si128((__m128i *)(j->obuf + (size_t)o * j->ostride + p0 + 16 * b),
-                                     requant16(_mm512_add_epi32(_mm512_load_si512(cbuf[2 * a + b][r]), adj), o, q));
+                    tile_store(j->obuf + (size_t)o * j->ostride, p0 + 16 * b, (int)j->ostride,
+                               requant16(_mm512_add_epi32(_mm512_load_si512(cbuf[2 * a + b][r]), adj), o, q));
             }
     }
     _tile_release();
@@ -393,7 +402,7 @@ int torq_conv_amx_i8(const int8_t *x, int8_t *out, const int8_t *wamx, const tor
     uint8_t *scratch = thread_scratch((size_t)g->nph * j.CQs * g->Lph * 4 + (size_t)g->Og * g->Lpad);
     j.ph = scratch;
     j.per = OP * npb / (nthreads * 4) + 1;
-    const int direct = g->Wq == g->OW && g->L == g->Lpad;
+    const int direct = g->Wq == g->OW;
     j.ostride = direct ? (size_t)g->L : (size_t)g->Lpad;
     const int O = g->G * g->Og, nchunks = (OP * npb + j.per - 1) / j.per;
     for (int n = 0; n < g->N; n++) {
