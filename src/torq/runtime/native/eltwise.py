@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from ... import numerics
-from ..kernels.gemm import _pads
+from ..kernels.gemm import _pads, conv_out_size
 from .build import library
 from .ops import _Outputs, _threads
 
@@ -50,6 +50,7 @@ def make_global_avgpool(st, rtype, reference):
     xs, ys = np.float32(a["ort_input_scale"][0]), np.float32(a["ort_output_scale"][0])
     zx, zy, lo, hi = int(a["input_zp"]), int(a["output_zp"]), int(a["output_min"]), int(a["output_max"])
     rshape, n = tuple(st.shape), kernel[0] * kernel[1] if len(kernel) == 2 else 0
+    size = int(np.prod(rshape))          # the declared result: one value per (image, channel)
     if not (np.dtype(rtype) == np.int8 and len(kernel) == 2 and not any(pad) and 0 < n < 1 << 23
             and -128 <= lo <= hi <= 127 and -128 <= zx <= 127):
         return None
@@ -60,7 +61,7 @@ def make_global_avgpool(st, rtype, reference):
 
     def fn(args, rounding):
         (x,) = args
-        if (not _int8(x) or x.ndim != 4 or list(x.shape[2:]) != kernel
+        if (not _int8(x) or x.ndim != 4 or list(x.shape[2:]) != kernel or x.shape[0] * x.shape[1] != size
                 or (rounding == "native" and not native_ok)):
             return reference(args, rounding)
         x = _c(x)
@@ -76,11 +77,9 @@ def make_maxpool(st, rtype, reference):
     kh, kw = (int(v) for v in np.broadcast_to(np.asarray(a["kernel"]), (2,)))
     sh, sw = (int(v) for v in np.broadcast_to(np.asarray(a["stride"]), (2,)))
     dh, dw = (int(v) for v in np.broadcast_to(np.asarray(a["dilation"]), (2,)))
-    pl, _, pt, _ = _pads(list(a["pad"]))
-    if not (np.dtype(rtype) == np.int8 and len(st.shape) == 4 and 0 < kh <= 64 and kw > 0
-            and min(sh, sw, dh, dw) > 0 and pl >= 0 and pt >= 0):
+    pl, pr, pt, pb = _pads(list(a["pad"]))
+    if not (np.dtype(rtype) == np.int8 and 0 < kh <= 64 and kw > 0 and min(sh, sw, dh, dw) > 0):
         return None
-    OH, OW = int(st.shape[2]), int(st.shape[3])
     lib, outputs = library(), _Outputs()
 
     def fn(args, rounding):
@@ -89,6 +88,9 @@ def make_maxpool(st, rtype, reference):
             return reference(args, rounding)
         x = _c(x)
         N, C, H, W = x.shape
+        OH, OW = conv_out_size(H, kh, sh, dh, pt, pb), conv_out_size(W, kw, sw, dw, pl, pr)
+        if OH <= 0 or OW <= 0:
+            return reference(args, rounding)
         geo = np.array([H, W, kh, kw, sh, sw, dh, dw, pt, pl, OH, OW], dtype=np.int32)
         out, addr = outputs.get((N, C, OH, OW))
         lib.torq_maxpool_i8(x.ctypes.data, addr, N * C, geo.ctypes.data, _threads())
