@@ -261,4 +261,4 @@ def test_discover_carries_each_layers_precision_and_view_shows_it(tmp_path, caps
     out = capsys.readouterr().out
     assert "precision" in out and "int16" in out
     assert cli("view", "--model", model, "--output-dir", tmp_path, "--layer", "Conv_conv2") == 0
-    assert "precision int16" in capsys.readouterr().out
+    assert "Precision: int16" in capsys.readouterr().out

@@ -308,8 +308,9 @@ def test_parse_quant_dtype():
     from torq.errors import TorqError
     from torq.quantize.static import parse_quant_dtype
     assert parse_quant_dtype("a8w8") == parse_quant_dtype("A8W8")
+    assert parse_quant_dtype("a16w8") == parse_quant_dtype("A16W8")   # ours beyond the reference's A8W8
     with pytest.raises((TorqError, ValueError)):
-        parse_quant_dtype("a16w8")
+        parse_quant_dtype("a4w4")
 
 
 # ----------------------------------------------------------------------------- drop-in extras

@@ -29,7 +29,8 @@ from ..fileio import _new_file_mode, temp_prefix
 from . import schema
 
 LOCK_WAIT_S = 60
-DISCOVER_FIELDS = ("executors", "_node_index", "_orig_index", "mlir_location", "skipped", "duplicate_of")
+DISCOVER_FIELDS = ("executors", "_node_index", "_orig_index", "mlir_location", "skipped", "duplicate_of",
+                   "mac_count", "precision")
 
 
 def _try_lock(fd: int, how: int, wait_s: float) -> bool:

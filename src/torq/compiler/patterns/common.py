@@ -312,17 +312,19 @@ def folded_bias(ctx: Ctx, op, bias, in_zp: int, w_adj, wide: bool = False) -> np
     return folded.astype(np.int32).astype(np.int64)
 
 
-def rescale(dq_scale, ys, w_adj, bias, q):
+def rescale(dq_scale, ys, w_adj, bias, q, wide: bool = False):
     """``(multipliers, shift, bias, dq_scale, w_adj)`` of a constant-weight conv / FC:
     ``numerics.conv_rescale_constant_channels``, told which output channels are constant — the
     same output for every int8 input (``numerics.constant_output`` over the accumulator's whole
     range): all-zero weights, or BatchNorm "dust" whose per-channel scale stretched 1e-8 weights
     to ±127. Their weights become 0 (the output does not change), so they neither set the shared
-    shift nor cost live channels multiplier bits."""
+    shift nor cost live channels multiplier bits. ``wide``: the input is int16 (its whole range
+    decides what is constant)."""
     w2 = np.asarray(w_adj, np.int64).reshape(len(bias), -1)
     b = np.asarray(bias, np.int64)
-    acc_lo = b + np.minimum(127 * w2, -128 * w2).sum(axis=1)
-    acc_hi = b + np.maximum(127 * w2, -128 * w2).sum(axis=1)
+    hi, lo = (32767, -32768) if wide else (127, -128)
+    acc_lo = b + np.minimum(hi * w2, lo * w2).sum(axis=1)
+    acc_hi = b + np.maximum(hi * w2, lo * w2).sum(axis=1)
     const = numerics.constant_output(dq_scale, ys, acc_lo, acc_hi, int(q.zp), int(q.lo), int(q.hi))
     const |= ~w2.any(axis=1)
     if const.any() and w2[const].any():

@@ -250,7 +250,8 @@ class QConv2D:
                                wide=L.np_dtype(m.x.type) is np.int16)
             if isinstance(bias, Fail):
                 return bias
-            mults, shift, bias, dq_scale, w_adj = rescale(m.dq_scale, ys, w_adj, bias, root.q)
+            mults, shift, bias, dq_scale, w_adj = rescale(m.dq_scale, ys, w_adj, bias, root.q,
+                                                           wide=L.np_dtype(m.x.type) is np.int16)
             scale_bias = np.stack([bias, mults], axis=1).reshape(-1)   # [b0, m0, b1, m1, ...]
             weights = constant(w_adj, "i16" if m.w_zp != 0 else "i8", loc, ip)
             sb = constant(scale_bias, "i32", loc, ip)

@@ -166,7 +166,8 @@ class QFullyConnected:
                            wide=L.np_dtype(m.x.type) is np.int16)
         if isinstance(bias, Fail):
             return bias
-        mults, shift, bias, dq_scale, w_adj = rescale(m.dq_scale, ys, w_adj, bias, root.q)
+        mults, shift, bias, dq_scale, w_adj = rescale(m.dq_scale, ys, w_adj, bias, root.q,
+                                                           wide=L.np_dtype(m.x.type) is np.int16)
         ip = ir.InsertionPoint(root.op)
         loc = m.mm.location
         weights = constant(w_adj, "i16" if m.w_zp != 0 else "i8", loc, ip)
