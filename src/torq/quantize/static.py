@@ -184,7 +184,7 @@ def ort_failure(e: BaseException, tmp: Path, where: str) -> str:
     for name in ("pre.onnx", "fp32.onnx", "int8.onnx"):
         msg = msg.replace(str(tmp / name), where)
     msg = msg.replace(str(tmp), "<temp dir>")
-    if isinstance(e, FloatingPointError):
+    if isinstance(e, (FloatingPointError, RuntimeWarning)):     # numpy's, raised or escalated
         return f"numeric error during calibration ({msg}); the weights or calibration data overflow"
     return _ORT_CONTEXT.get(msg, msg)
 
