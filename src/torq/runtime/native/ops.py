@@ -1,5 +1,6 @@
 """Native kernels of the torq_hl ops the engine compiles: int8 conv2d / depthwise_conv2d /
-fully_connected with their rescale fused (``conv.c``, ``depthwise.c``).
+fully_connected with their rescale fused (``conv.c``, ``depthwise.c``); add / global average
+pool / max pool come from ``eltwise.py``.
 
 ``make(step, rtype, reference)`` returns the step function ``fn(args, rounding)`` of the native
 engine, or None when the op is not one it compiles; ``fn`` itself hands a call to the reference
