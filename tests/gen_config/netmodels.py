@@ -85,3 +85,30 @@ def efficientnet_style(input_pad: bool = True) -> onnx.ModelProto:
     x = n.relu6(n.conv(x, "head", 12, 16, 1), "head_act")
     n.head(x, 16)
     return n.model("efficientnet_style", [1, 3, 16, 16])
+
+
+def realworld_style() -> onnx.ModelProto:
+    """What the real exports of ``make realworld`` bring: PRelu and a ceil-mode MaxPool (MTCNN),
+    a squeeze-excite gate with HardSigmoid (PP-OCR, MobileNetV3), torchvision's ``x.mean(3).mean(2)``
+    head as two single-axis ReduceMeans (deep-sort's MobileNetV2), a Gemm and a Softmax tail; two
+    BN-folded "dust" channels (1e-6 of the layer's weights) in the first conv."""
+    n = _Net(13)
+    c1 = n.conv("input", "c1", 3, 8, 3)
+    w, b = n.inits[-2], n.inits[-1]
+    scale = np.array([1e-6, 1e-6] + [1] * 6, np.float32)
+    w.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(w) * scale[:, None, None, None], w.name))
+    b.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(b) * scale, b.name))
+    x = n.node("PRelu", [c1, n.const("c1.slope", np.full((8, 1, 1), 0.25, np.float32))], "c1_prelu")
+    x = n.node("MaxPool", [x], "pool", kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1)
+    x = n.node("Relu", [n.conv(x, "c2", 8, 16, 3)], "c2_relu")
+    g = n.node("GlobalAveragePool", [x], "se_gap")
+    g = n.node("Relu", [n.conv(g, "se_down", 16, 4, 1)], "se_relu")
+    g = n.node("HardSigmoid", [n.conv(g, "se_up", 4, 16, 1)], "se_gate", alpha=0.2, beta=0.5)
+    x = n.node("Mul", [x, g], "se_mul")
+    x = n.node("PRelu", [n.conv(x, "c3", 16, 16, 3), n.const("c3.slope", np.full((16, 1, 1), 0.1, np.float32))],
+               "c3_prelu")
+    x = n.node("ReduceMean", [n.node("ReduceMean", [x], "mean3", axes=[3], keepdims=0)], "mean2", axes=[2], keepdims=0)
+    n.const("fc.w", (n.rng.standard_normal((10, 16)) / 4).astype(np.float32))
+    n.const("fc.b", np.zeros(10, np.float32))
+    n.node("Softmax", [n.node("Gemm", [x, "fc.w", "fc.b"], "fc", transB=1)], "logits", axis=1)
+    return n.model("realworld_style", [1, 3, 24, 24])

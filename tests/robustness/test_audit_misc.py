@@ -67,6 +67,15 @@ def test_malformed_io_quant_metadata(tmp_path, capsys, value):
     one_line(capsys, compile_main([str(tmp_path / "m.onnx"), "-o", str(tmp_path / "x.mlir")]), "torq.io_quant")
 
 
+@pytest.mark.parametrize("value", ["[" * 100000, "{", "[1, 2]"])
+def test_a_foreign_precision_stamp_is_ignored(value):
+    """``torq.precision`` metadata a model brought along is not our report: read as none."""
+    from torq.quantize.precision import PRECISION_KEY, stamped
+    m = onnx.ModelProto()
+    m.metadata_props.add(key=PRECISION_KEY, value=value)
+    assert stamped(m) is None
+
+
 def test_a_runaway_lowering_is_stopped_by_its_cpu_budget(monkeypatch):
     from torq.compiler import isolation
     from torq.errors import TorqError

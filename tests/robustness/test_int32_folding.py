@@ -58,3 +58,17 @@ def test_bias_zero_point_inside_int32_lowers_exactly(tmp_path):
     r = subprocess.run([sys.executable, "-m", "torq.compile_cli", str(tmp_path / "zp.onnx"),
                         "--verify-against-ort", "--rounding", "ort"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and "PASS" in r.stdout, r.stdout + r.stderr
+
+
+def test_a_bias_zero_point_that_lets_the_accumulator_wrap_is_refused():
+    """A nonzero bias zero point keeps ORT's Conv in float (no int32 kernel, nothing wraps): when
+    the int32 accumulator could leave int32 the conv is refused, naming the channel and its range
+    (fuzz: the zero point at 2**31 - 1 compiled, then differed from ORT by 122 LSB)."""
+    m = with_bias(values=[5, 7, 9, 11])
+    for t in m.graph.initializer:
+        if t.name == "b_quantized_zero_point":
+            zp = numpy_helper.to_array(t).copy()
+            zp[1] = 2**31 - 100
+            t.CopyFrom(numpy_helper.from_array(zp, t.name))
+    msg = conv_refusal(compile_model(m))
+    assert "nonzero bias zero point" in msg and "output channel 1 spans [" in msg and "would wrap" in msg, msg

@@ -16,6 +16,7 @@ from torq.examples import build_example_cnn
 from torq.gen_config import discover as D
 from torq.gen_config import run as R
 from torq.gen_config.cli import main
+from torq.gen_config.options import fingerprint_mismatch
 
 Q = ["--quantize", "--full-integer"]
 
@@ -186,3 +187,22 @@ def test_damaged_top_level_fields_are_one_line_errors(model, tmp_path, capsys, d
     for argv in (["view"], ["view", "--html", tmp_path / "v.html"], ["run", *Q]):
         assert cli(argv[0], "--model", model, "--output-dir", tmp_path, *argv[1:]) == 2
         assert last_error(capsys).startswith("torq-gen-config: error:")
+
+
+@pytest.mark.parametrize("got, shown", [
+    ({"precision": 0}, "--precision 0 -> []"), ({"precision": [["c", 1]]}, '--precision [["c", 1]] -> []'),
+    ({"precision": "a\nb"}, '--precision "a\\nb" -> []'), ({"per_channel": 2}, "--per-channel 2 -> on"),
+    ({"x\n[b]": 2}, '--"x\\n[b]" 2 -> none')])
+def test_a_damaged_fingerprint_value_is_shown_on_one_line(got, shown):   # state fuzz: unhashable list
+    msg = fingerprint_mismatch({"precision": [], "per_channel": True, **got},
+                               {"precision": [], "per_channel": True}, "r.json")
+    assert shown in msg and "\n" not in msg, msg
+
+
+def test_run_names_a_damaged_quantization_field(model, tmp_path, capsys):
+    assert cli("discover", "--model", model, "--output-dir", tmp_path, *Q) == 0
+    r = report(tmp_path)
+    r["quantization"]["precision"] = 0
+    (tmp_path / "torq_gen_config_example.json").write_text(json.dumps(r))
+    assert cli("run", "--model", model, "--output-dir", tmp_path, *Q) == 2
+    assert "--precision 0 -> " in last_error(capsys)

@@ -123,3 +123,18 @@ def test_quantization_scales_positive_finite_normal(value, shown):
     scale = next(t for t in m.graph.initializer if t.name == q.input[1])
     scale.CopyFrom(numpy_helper.from_array(np.asarray(value, np.float32), scale.name))
     refused(m, f"node '{q.name}' (QuantizeLinear): scale '{scale.name}' {shown} (scales must be finite")
+
+
+def test_shapes_that_do_not_agree_are_refused_naming_the_node():
+    """A MaxPool whose strides changed while the declared shapes did not: ORT loads it (lenient
+    merge), then fails inside a later pass; the check names the first node that cannot agree."""
+    from robustness.fuzz import seeds
+    from torq.graph.validate import check_consistent
+    m = copy(seeds()["cnn"][0])
+    check_consistent(m, "m.onnx")
+    set_attr(nodes(m, "MaxPool")[0], "strides", [3, 2])
+    with pytest.raises(TorqError) as e:
+        check_consistent(m, "m.onnx")
+    msg = str(e.value)
+    assert msg.startswith("m.onnx: the graph's shapes do not agree at node 'fc' (Gemm): ") and "\n" not in msg
+    assert "64 and 48" in msg

@@ -32,7 +32,7 @@ def evaluate_bf16(model, dataset, opts) -> EvalResult:
     data = dataset if isinstance(dataset, Dataset) else load_dataset(dataset)
     if opts.limit:
         data = data.subset(np.arange(min(opts.limit, len(data))))
-    fp32 = front_end(opts.recipe, load_fp32(model, None, opts.recipe.input_shape)[0])
+    fp32 = front_end(opts.recipe, *load_fp32(model, None, opts.recipe.input_shape))
     name, shape = image_input(fp32, "evaluate")
     bf16 = convert_to_bf16(fp32)
     fp32_engine = OrtEngine(fp32)

@@ -102,7 +102,8 @@ def prepared_fp32(model_path: Path, quant: QuantSettings):
             from ..quantize.recipe import front_end, load_fp32, prepare
             model, _ = load_fp32(model, str(model_path), quant.recipe.input_shape)
             static_shapes(model, str(model_path))     # a size still open: say so before cutting layers
-            model = prepare(quant.recipe, model) if quant.quantize else front_end(quant.recipe, model)
+            model = prepare(quant.recipe, model, where=str(model_path)) if quant.quantize \
+                else front_end(quant.recipe, model, str(model_path))
         _PREPARED.clear()
         _PREPARED[key] = model
     return _PREPARED[key]

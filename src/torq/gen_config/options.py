@@ -4,6 +4,7 @@ output file names and the cache folder."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import sys
 from dataclasses import dataclass, field
@@ -175,13 +176,22 @@ def use_engine(engine: str | None) -> None:
 _SHOW = {True: "on", False: "off", None: "none"}
 
 
+def _show(v) -> str:
+    """A fingerprint value as the flag's word (on/off/none), else compact and on one line: a
+    damaged report may hold anything there (a list, a 1 that is not True, a newline)."""
+    if isinstance(v, bool) or v is None:
+        return _SHOW[v]
+    text = v if isinstance(v, str) and v.isprintable() else json.dumps(v, default=str)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def _flag(key: str) -> str:
     """The command-line flag behind a fingerprint key (a Recipe field: its flag)."""
     from ..quantize.recipe_flags import FLAGS
     if key in FLAGS:
         return FLAGS[key][0][0]
     return {"calibration_sha256": "--calibration-data (contents)", "recipe_fingerprint": "--recipe"}.get(
-        key, "--" + key.replace("_", "-"))
+        key, "--" + _show(str(key)).replace("_", "-"))
 
 
 def fingerprint_mismatch(got: dict | None, expected: dict, name: str, limit: int = 240,
@@ -196,7 +206,7 @@ def fingerprint_mismatch(got: dict | None, expected: dict, name: str, limit: int
     if not diff:
         return None
     parts = ["the model file changed" if k == "model_sha256" else
-             f"{_flag(k)} {_SHOW.get(got.get(k), got.get(k))} -> {_SHOW.get(expected.get(k), expected.get(k))}"
+             f"{_flag(k)} {_show(got.get(k))} -> {_show(expected.get(k))}"
              for k in diff]
     head = f"{name} was discovered with different quantization flags: "
     shown = []

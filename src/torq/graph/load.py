@@ -151,13 +151,15 @@ def _check_domains(m: onnx.ModelProto, where: str) -> None:
 
 
 def _check_finite(m: onnx.ModelProto, where: str) -> None:
+    """Every stored tensor decodes to its declared dims (the checker does not compare them with the
+    data: a later reshape would fail deep inside a pass), and float ones hold no NaN/Inf."""
     for t, label in _iter_tensors(m.graph):
-        if t.data_type not in _FLOAT_TYPES:
-            continue
         try:
             arr = numpy_helper.to_array(t)
         except Exception as e:
-            raise TorqError(f"{where}: {label} cannot be decoded: {one_line(e)}") from None
+            raise TorqError(f"{where}: {label} cannot be decoded (dims {list(t.dims)}): {one_line(e)}") from None
+        if t.data_type not in _FLOAT_TYPES:
+            continue
         arr = np.asarray(arr, dtype=np.float64) if arr.dtype.kind not in "fc" else arr
         if arr.size and not np.isfinite(arr).all():
             bad = "NaN" if np.isnan(arr).any() else "Inf"

@@ -8,6 +8,7 @@ the ONNX graph first and raises a one-line TorqError naming the node and the att
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import onnx
@@ -50,6 +51,32 @@ def validate(model: onnx.ModelProto, where: str = "model", min_opset: int = MIN_
             _check_node(node, shapes, label)
             if _is_quant_op(node):
                 _check_scales(node, inits, label)
+
+
+_INFERENCE_ERROR = re.compile(r"\(op_type:([^,]*), node name: (.*?)\): (?:\[\w+\] )?(.*)")
+
+
+def check_consistent(model: onnx.ModelProto, where: str = "model") -> None:
+    """Refuse a graph whose ops disagree about a shape (a Gemm fed 48 features for 64 weights).
+
+    ONNX Runtime loads such a model while the stale declared shapes paper over the gap, then fails
+    inside whichever session first re-infers them. Strict ONNX inference without the declared
+    intermediate shapes (which ORT merges leniently) names the first node that cannot agree."""
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    del m.graph.value_info[:]
+    for o in m.graph.output:
+        o.type.tensor_type.ClearField("shape")
+    try:
+        onnx.shape_inference.infer_shapes(m, strict_mode=True)
+    except onnx.shape_inference.InferenceError as e:
+        first = next((ln for ln in str(e).splitlines() if ln.strip()), str(e))
+        hit = _INFERENCE_ERROR.search(first)
+        what = f"node {quote(hit.group(2))} ({hit.group(1)}): {hit.group(3).strip()}" if hit else first.strip()
+        raise TorqError(f"{where}: the graph's shapes do not agree at {what} "
+                        "(an attribute or shape upstream disagrees with this node)") from None
+    except Exception:  # noqa: BLE001 - inference itself failed (size, unknown op): ORT judges later
+        pass
 
 
 def _check_opset(model: onnx.ModelProto, where: str, min_opset: int) -> None:

@@ -211,7 +211,7 @@ def apply_auto(recipe, src: onnx.ModelProto, reader, *, where: str = "model", wr
     from .recipe import Quantized, prepare, quantize_prepared
     calib, hold = split_holdout(samples_of(reader))
     base = recipe.replace(precision=tuple(p for p in recipe.precision if p[0] != "*"))
-    prepared = name_nodes(prepare(base, src, ArrayDataReader(calib)))
+    prepared = name_nodes(prepare(base, src, ArrayDataReader(calib), where))
 
     def with_layers(chosen: dict):
         return base.replace(precision=tuple(sorted({**dict(base.precision), **chosen}.items())))

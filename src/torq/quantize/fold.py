@@ -21,8 +21,6 @@ from pathlib import Path
 import onnx
 from onnx import helper
 
-from ..errors import TorqError, one_line
-
 
 def fold_fp32(model: onnx.ModelProto) -> onnx.ModelProto:
     """A copy of ``model`` after ORT's basic graph optimizations (constant folding, Pad/BN fusion)."""
@@ -33,10 +31,8 @@ def fold_fp32(model: onnx.ModelProto) -> onnx.ModelProto:
     with tempfile.TemporaryDirectory(prefix="torq-fold-") as tmp:
         out = Path(tmp) / "folded.onnx"
         so.optimized_model_filepath = str(out)
-        try:
-            ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
-        except Exception as e:  # noqa: BLE001 - ORT raises its own types
-            raise TorqError(f"ONNX Runtime cannot load the fp32 model: {one_line(e)}") from None
+        # ORT's own error types: recipe._step makes them one line naming the model and the step
+        ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
         folded = onnx.load(str(out))
     del folded.graph.value_info[:]       # re-inferred by the quantizer's pre-processing
     _restore_hardswish(model, folded)

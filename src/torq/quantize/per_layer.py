@@ -51,7 +51,8 @@ def layer_recipe(recipe, layer_model: onnx.ModelProto):
     """The whole model's recipe for one layer cut from its *prepared* graph: the fp32 steps are
     done (not repeated per layer), calibration comes from ``layer_samples`` (or synthetic data),
     and node / op-type lists keep only this layer's names. None: the recipe quantizes none of the
-    layer's nodes (the layer stays fp32, as in the whole model)."""
+    layer's nodes (the layer stays fp32, as in the whole model). ``--input-shape`` is done too
+    (the prepared graph has the sizes; a layer's inputs are inner tensors, named apart)."""
     names = {n.name for n in layer_model.graph.node}
     ops = {n.op_type for n in layer_model.graph.node}
     keep = {k: tuple(x for x in getattr(recipe, k) if x in (ops if "op_types" in k else names))
@@ -59,5 +60,5 @@ def layer_recipe(recipe, layer_model: onnx.ModelProto):
     if any(getattr(recipe, k) and not keep[k] for k in ("nodes_to_quantize", "op_types_to_quantize")):
         return None
     return recipe.replace(fold=False, dead_channels=False, equalize="off", bias_correction=False,
-                          calibration_data=None, precision=tuple(p for p in recipe.precision if p[0] in names),
-                          **keep)
+                          calibration_data=None, input_shape=(),
+                          precision=tuple(p for p in recipe.precision if p[0] in names), **keep)

@@ -146,7 +146,11 @@ def stamped(model: onnx.ModelProto) -> dict | None:
     import json
     for p in model.metadata_props:
         if p.key == PRECISION_KEY:
-            return json.loads(p.value)
+            try:
+                report = json.loads(p.value)
+            except (ValueError, RecursionError):    # a hostile model's metadata is not our report
+                return None
+            return report if isinstance(report, dict) else None
     return None
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields, replace
 
 import onnx
@@ -218,46 +219,64 @@ def load_fp32(model, where: str | None = None, input_shape=()) -> tuple[onnx.Mod
     from ..graph.input_shape import set_input_shapes
     from ..graph.unshare_weights import fold_constant_identities
     from ..graph.load import is_quantized, load_model
-    from ..graph.validate import validate
+    from ..graph.validate import check_consistent, validate
     where = where or (str(model) if not isinstance(model, onnx.ModelProto) else "model")
     src = fold_constant_identities(load_model(model))   # ORT's quantizers crash on shared weights
     validate(src, where, min_opset=7)   # ORT runs opsets >= 7 (and upgrades them to 11)
+    check_consistent(src, where)
     if is_quantized(src):
         raise TorqError(f"{where}: model is already quantized (it has QuantizeLinear/DequantizeLinear, "
                         "QLinear* ops or int8 weights/IO); pass the fp32 model")
     return set_input_shapes(src, input_shape, where), where
 
 
-def front_end(recipe: Recipe, model: onnx.ModelProto) -> onnx.ModelProto:
-    """The calibration-free fp32 clean-ups (fold, dead channels); the same function as ``model``."""
+@contextmanager
+def _step(what: str, where: str):
+    """One fp32 stage under a progress line; ORT failing on the user's model there (or the
+    calibration data overflowing) is one line naming the model and the stage."""
     from ..progress import stage
+    try:
+        with stage(f"quantize: {what}"):
+            yield
+    except TorqError:
+        raise
+    except Exception as e:
+        if not (type(e).__module__.startswith("onnxruntime") or isinstance(e, (FloatingPointError, RuntimeWarning))):
+            raise                                    # our bug: an internal error, not the model's
+        from pathlib import Path
+        from .static import ort_failure
+        raise TorqError(f"{where}: {what.split(' (')[0]} failed: {ort_failure(e, Path('/nonexistent'), where)}"
+                        ) from None
+
+
+def front_end(recipe: Recipe, model: onnx.ModelProto, where: str = "model") -> onnx.ModelProto:
+    """The calibration-free fp32 clean-ups (fold, dead channels); the same function as ``model``."""
     if recipe.fold:
         from .fold import fold_fp32
-        with stage("quantize: fold (constants, shapes, Pad/BatchNorm into Conv)"):
+        with _step("fold (constants, shapes, Pad/BatchNorm into Conv)", where):
             model = fold_fp32(model)
     if recipe.dead_channels:
         from .dead_channels import zero_dead_channels
-        with stage("quantize: dead channels"):
+        with _step("dead channels", where):
             model = zero_dead_channels(model)[0]
     return model
 
 
-def prepare(recipe: Recipe, model: onnx.ModelProto, reader=None) -> onnx.ModelProto:
+def prepare(recipe: Recipe, model: onnx.ModelProto, reader=None, where: str = "model") -> onnx.ModelProto:
     """Front end, then the calibrated fp32 transforms (CLE, bias correction): the graph to quantize."""
-    model = front_end(recipe, model)
+    model = front_end(recipe, model, where)
     if recipe.equalize == "off" and not recipe.bias_correction:
         return model
-    from ..progress import stage
     from .calibration import make_reader, rewind
     reader = reader if reader is not None else make_reader(model, recipe)
     if recipe.equalize != "off":
         from .equalize import equalize
-        with stage("quantize: cross-layer equalization"):
+        with _step("cross-layer equalization", where):
             model = equalize(model, reader, relu6=recipe.equalize).model
         rewind(reader)
     if recipe.bias_correction:
         from .bias_correction import correct_bias
-        with stage("quantize: bias correction"):
+        with _step("bias correction", where):
             model = correct_bias(model, reader, per_channel=recipe.per_channel)
         rewind(reader)
     return model
@@ -282,15 +301,7 @@ def apply(recipe: Recipe, model, reader=None, *, where: str | None = None,
     if ("*", "auto") in recipe.precision:            # int16 layers chosen by measurement first
         from .auto_precision import apply_auto
         return apply_auto(recipe, src, reader, where=where, wrap_lone_ops=wrap_lone_ops)
-    try:
-        prepared = prepare(recipe, src, reader)
-    except TorqError:
-        raise
-    except Exception as e:  # noqa: BLE001 - ORT and numpy failures on the user's model and data
-        from pathlib import Path
-        from .static import ort_failure
-        raise TorqError(f"{where}: the fp32 calibration pass (equalization, bias correction) failed: "
-                        f"{ort_failure(e, Path('/nonexistent'), where)}") from None
+    prepared = prepare(recipe, src, reader, where)
     q = quantize_prepared(recipe, prepared, reader, where=where, wrap_lone_ops=wrap_lone_ops)
     return Quantized(q, prepared, recipe)
 

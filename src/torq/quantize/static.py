@@ -22,6 +22,9 @@ Choices (and why):
     (the synthetic reader uses 1) and the quantized model keeps the dynamic dim.
   * Zero-range activations (all-zero tensors): ORT maps a range below float32 tiny to
     scale 1.0, zero point 0, so there is no division by zero; nothing extra is needed.
+  * Below opset 13 ORT still writes ``axis`` on DequantizeLinear (per-channel weights, biases),
+    an attribute that exists from opset 13 only: such a model is converted up to 13 (ONNX's
+    version converter keeps every node name; the compiler's importer would convert it anyway).
   * ``quantize_static`` rewrites a ModelProto passed to it in place (weights moved to external
     data in a temp folder), so we only ever hand it a file path in our own temp folder.
 """
@@ -155,7 +158,17 @@ def _run_ort(tmp: Path, reader, fmt, recipe, selection: dict, where: str) -> onn
         raise TorqError(f"{where}: ONNX Runtime quantization failed: {ort_failure(e, tmp, where)}") from None
     q = onnx.load(str(tmp / "int8.onnx"))
     _drop_stale_value_info(q)
-    return q
+    return _per_axis_opset(q, where)
+
+
+def _per_axis_opset(q: onnx.ModelProto, where: str) -> onnx.ModelProto:
+    """``q`` as valid ONNX: up to opset 13 when ORT wrote ``axis`` on a Q/DQ of an older opset
+    (per-channel weights, and biases even per-tensor)."""
+    from ..graph.opset import PER_AXIS, at_least
+    qdq = [n for n in q.graph.node if n.domain in ("", "ai.onnx") and n.op_type in ("QuantizeLinear", "DequantizeLinear")]
+    if not any(a.name == "axis" for n in qdq for a in n.attribute):
+        return q
+    return at_least(q, PER_AXIS, f"{where}: ONNX Runtime's per-axis Quantize/DequantizeLinear")
 
 
 #: ORT messages that mean nothing without context -> what they mean for the user.
@@ -171,7 +184,7 @@ def ort_failure(e: BaseException, tmp: Path, where: str) -> str:
     for name in ("pre.onnx", "fp32.onnx", "int8.onnx"):
         msg = msg.replace(str(tmp / name), where)
     msg = msg.replace(str(tmp), "<temp dir>")
-    if isinstance(e, FloatingPointError):
+    if isinstance(e, (FloatingPointError, RuntimeWarning)):     # numpy's, raised or escalated
         return f"numeric error during calibration ({msg}); the weights or calibration data overflow"
     return _ORT_CONTEXT.get(msg, msg)
 

@@ -48,6 +48,7 @@ class Ctx:
         self.onnx_names = onnx_names or {}   # "LINE:COL" -> ONNX node name
         self.folder = L.Folder()
         self.reasons: dict = {}   # id(compute op) -> (op, reason)
+        self.float_in_ort: set = set()   # id(compute op) whose bias zero point ≠ 0: ORT runs it in float
         self.ort_zp_shift = ort_zp_shift   # 128 when uint8 activations were shifted (compiler/frontend/signedness.py)
         self._generics: dict = {}  # op -> {force_var: Generic}: each rule reads the same ops again
 
@@ -282,6 +283,8 @@ def bias_to_accumulator(ctx: Ctx, op, q_b, zp_b, s_b, s_acc) -> np.ndarray | Fai
         b = numerics.bias_to_accumulator(q_b, zp_b, s_b, s_acc)
     except ValueError as e:
         return ctx.fail(op, str(e))
+    if op is not None and np.any(np.asarray(zp_b) != 0):
+        ctx.float_in_ort.add(L.id_of(op))
     fail = int32_or_fail(ctx, op, "bias in the accumulator scale", b)
     return b if fail is None else fail
 
@@ -305,11 +308,32 @@ def folded_bias(ctx: Ctx, op, bias, in_zp: int, w_adj, wide: bool = False) -> np
     ``wide`` (int16 input): b' must fit int32 as it is; the accumulator of a large layer may leave
     int32 on extreme inputs, which the ACT's 32-bit sum wraps (``numerics.int16``, "overflow")."""
     w2 = np.asarray(w_adj, np.int64).reshape(len(bias), -1)
+    if L.id_of(op) in ctx.float_in_ort:
+        fail = _no_wrap_or_fail(ctx, op, bias, in_zp, w2, wide)
+        if fail is not None:
+            return fail
     folded = np.asarray(bias, np.int64) - int(in_zp) * w2.sum(axis=1)
     if wide:
         fail = int32_or_fail(ctx, op, "folded bias (bias − in_zp·Σw′)", folded)
         return folded if fail is None else fail
     return folded.astype(np.int32).astype(np.int64)
+
+
+def _no_wrap_or_fail(ctx: Ctx, op, bias, in_zp: int, w2, wide: bool) -> Fail | None:
+    """A nonzero bias zero point keeps ORT from fusing the layer into its int32 kernels: it computes
+    in float, where nothing wraps. The int32 accumulator must then hold every input's sum."""
+    lo, hi = (-2**15, 2**15 - 1) if wide else (-128, 127)
+    b = np.asarray(bias, np.int64)
+    ends = (w2 * (lo - int(in_zp)), w2 * (hi - int(in_zp)))
+    acc_lo = b + np.minimum(*ends).sum(axis=1)
+    acc_hi = b + np.maximum(*ends).sum(axis=1)
+    bad = np.flatnonzero((acc_lo < INT32_MIN) | (acc_hi > INT32_MAX))
+    if not bad.size:
+        return None
+    c = int(bad[0])
+    return ctx.fail(op, f"with a nonzero bias zero point ONNX Runtime computes this layer in float; the int32 "
+                        f"accumulator of output channel {c} spans [{int(acc_lo[c])}, {int(acc_hi[c])}] "
+                        "and would wrap where ORT does not")
 
 
 def rescale(dq_scale, ys, w_adj, bias, q, wide: bool = False):
