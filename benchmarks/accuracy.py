@@ -22,8 +22,9 @@ int8 executions agree is the yardstick for the NSS-vs-ORT agreement. --json writ
 "images_per_s", "nss_vs_ort_disagreements_by_ort_margin_lsb": {margin: images}, "ort_margin_lsb_counts"}}
 (fractions in [0, 1]; margins: ORT's int8 top-1 minus top-2 logit, in LSB, 16 = 16 or more), plus
 "half", "recipe" (its fields, name and fingerprint), "macs_share" ({precision: fraction of the
-Conv/Gemm/MatMul MACs}), "top1_ci95" ({path: [lo, hi]}, Wilson) and "top1_diff_vs_fp32" ({path:
-{diff, ci95, verdict}}, paired bootstrap).
+Conv/Gemm/MatMul MACs of the measured model, by the width of each layer's activation input:
+torq.quantize.precision.mac_share}), "int16_layers" (what --precision auto chose), "top1_ci95"
+({path: [lo, hi]}, Wilson) and "top1_diff_vs_fp32" ({path: {diff, ci95, verdict}}, paired bootstrap).
 """
 from __future__ import annotations
 
@@ -31,7 +32,6 @@ import argparse
 import sys
 from pathlib import Path
 
-import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
@@ -66,39 +66,11 @@ def measure(name: str, entry: dict, args) -> dict:
     row.update(half=args.half, recipe={"fingerprint": full["settings"]["recipe_fingerprint"],
                                        "name": full["settings"]["recipe_name"], **full["settings"]["recipe"]},
                top1_ci95=full["top1_ci95"], top1_diff_vs_fp32=full["top1_diff_vs_fp32"],
-               macs_share=macs_share(entry["model"], opts.measured_recipe))
+               macs_share=full["precision"]["mac_share"], int16_layers=full["precision"]["int16_layers"])
     if name not in IMAGENET_ROWS:                  # top-5 of a 10-class problem says nothing; the table keeps top-1
         for p in PATHS:
             row[p] = {"top1": row[p]["top1"]}
     return row
-
-
-def macs_share(model: str, recipe) -> dict:
-    """Share of the model's Conv/Gemm/MatMul multiply-accumulates at each precision of the recipe
-    (int8 unless the precision map or the exclusions say otherwise)."""
-    import onnx
-
-    from torq.quantize.recipe import front_end, load_fp32
-    g = onnx.shape_inference.infer_shapes(front_end(recipe, load_fp32(model)[0])).graph
-    shapes = {v.name: [d.dim_value or 1 for d in v.type.tensor_type.shape.dim]
-              for v in (*g.input, *g.value_info, *g.output)}
-    shapes.update({t.name: list(t.dims) for t in g.initializer})
-    prec, whole = dict(recipe.precision), dict(recipe.precision).get("*", "int8")
-    float_ops = set(recipe.op_types_to_exclude)
-    macs: dict[str, int] = {}
-    for n in g.node:
-        if n.op_type in ("Conv", "Gemm", "MatMul") and all(t in shapes for t in (n.input[1], n.output[0])):
-            w, y = shapes[n.input[1]], shapes[n.output[0]]
-            k = int(np.prod(w[1:])) if n.op_type == "Conv" else (w[0] if n.op_type == "MatMul" else
-                                                                  (w[0] if _attr(n, "transB") == 0 else w[1]))
-            p = "float" if n.name in recipe.nodes_to_exclude or n.op_type in float_ops else prec.get(n.name, whole)
-            macs[p] = macs.get(p, 0) + int(np.prod(y)) * int(k)
-    total = sum(macs.values()) or 1
-    return {p: round(v / total, 4) for p, v in sorted(macs.items())}
-
-
-def _attr(node, name: str) -> int:
-    return next((int(a.i) for a in node.attribute if a.name == name), 0)
 
 
 def table(rows: dict) -> str:

@@ -59,8 +59,9 @@ def host_summary() -> list[str]:
     except (OSError, StopIteration):
         model = "?"
     load = ", ".join(f"{v:.2f}" for v in os.getloadavg())
-    return [f"CPU {model}, {os.cpu_count()} CPUs; int8 features: {native.int8_features()}"
-            f"{' (AMX not used by torq yet)' if 'amx_int8' in cpu_flags() else ''}",
+    amx = ("" if "amx_int8" not in cpu_flags() else
+           " (AMX tiles in use for wide convolutions)" if native.amx() else " (AMX not granted / disabled)")
+    return [f"CPU {model}, {os.cpu_count()} CPUs; int8 features: {native.int8_features()}{amx}",
             f"host load average (1, 5, 15 min): {load}   <- ratios are same-round; ms move with load",
             f"ORT {ort.__version__}; numpy {np.__version__}; native engine: " + native_status()]
 
@@ -85,7 +86,7 @@ def native_status() -> str:
                 os.environ.pop("TORQ_CACHE_DIR")
             else:
                 os.environ["TORQ_CACHE_DIR"] = old
-    isa = "AVX512-VNNI" if native.vnni() else "portable C"
+    isa = ("AVX512-VNNI" + (" + AMX-INT8" if native.amx() else "")) if native.vnni() else "portable C"
     return f"{isa} kernels; first-use build {cold:.2f} s, cached load {warm * 1e3:.0f} ms"
 
 

@@ -1,22 +1,27 @@
-"""Choose the recommended int8 recipe on the tuning half, report it on the other half.
+"""Choose the recommended recipe on the tuning half, report it on the other half.
 
     python benchmarks/recipe_choice.py [--only effnet|lite1|lite2|fmnist ...] [--candidate NAME ...]
-                                       [--limit N] [--json OUT] [--cache DIR]
+                                       [--target POINTS] [--limit N] [--json OUT] [--cache DIR]
 
-For each benchmark model (benchmarks/models/build.py) and each candidate recipe (named presets, and
-``NAME:METHOD`` for another calibration method), quantizes with the row's held-apart calibration
-images and classifies every evaluation image with FP32 and INT8 (ONNX Runtime; with exact scales the
-NSS reproduces it bit for bit, see accuracy.py). The evaluation images are split by a seeded
-permutation (torq.evaluate.protocol.halves). The choice is made on the *tuning* half: the first
-candidate (the simplest, the baseline) is kept unless another one beats it there with a 95 %
-paired-bootstrap interval (images pooled over the models) entirely above zero. The *report* half,
-which played no part in the choice, gives
-the numbers quoted: top-1 with a 95 % Wilson interval and INT8 − FP32 with a 95 % paired-bootstrap
-interval, and the chosen recipe against every other candidate ("no gain" when the interval includes 0).
+For each benchmark model (benchmarks/models/build.py) and each candidate recipe (a preset,
+``NAME:METHOD`` for another calibration method, ``NAME+auto`` for the preset with ``--precision
+auto``, ``NAME+auto=B`` with accuracy budget B), quantizes with the row's held-apart calibration
+images and classifies every evaluation image with FP32 and INT8 (ONNX Runtime; with exact scales
+the NSS agrees with it, see accuracy.py). The evaluation images are split by a seeded permutation
+(torq.evaluate.protocol.halves).
+
+The choice is made on the *tuning* half only. Eligible: candidates with exact scales (the NSS
+contract) and at least 90 % of the MACs in int8. The goal is INT8 within ``--target`` top-1 points
+of FP32 (default 0.5) on every model: the first eligible candidate in the order given (simplest
+first) that meets it there is chosen; when none does, the one whose worst model is closest. The
+*report* half, which played no part in the choice, gives the numbers quoted: top-1 with a 95 %
+Wilson interval, INT8 − FP32 with a 95 % paired-bootstrap interval, and the chosen recipe against
+every other candidate ("no gain or loss" when the interval includes 0).
 """
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -26,29 +31,40 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "benchmarks" / "models"))
 
-CANDIDATES = ("per-channel", "exact", "cle", "exact:entropy", "exact:percentile")
+CANDIDATES = ("per-channel", "exact", "cle", "mixed", "cle+auto")
+MIN_INT8_MACS = 0.9
 ROWS = ("effnet", "lite1", "lite2")
 
 
 def recipe_of(name: str, entry: dict):
+    """``PRESET[:METHOD][+auto[=BUDGET]]`` with the row's calibration images and preprocessing."""
     from torq.quantize.recipe_flags import load_recipe
+    name, _, auto = name.partition("+")
     base, _, method = name.partition(":")
     r = load_recipe(base).replace(preprocess=entry["preprocess"], calibration_data=entry["calibration"])
-    return r.replace(calibrate_method=method) if method else r
+    if method:
+        r = r.replace(calibrate_method=method)
+    if auto:
+        _, _, budget = auto.partition("=")
+        r = r.replace(precision=(("*", "auto"),), **({"accuracy_budget": float(budget)} if budget else {}))
+    return r
 
 
 def outcomes(entry: dict, candidates, limit, cache: Path | None = None) -> dict:
-    """{"labels", "fp32": per-image 0/1, candidate: per-image 0/1} on every evaluation image.
+    """{"labels", "fp32": per-image 0/1, candidate: per-image 0/1, "macs": {candidate: MAC share
+    per precision}} on every evaluation image.
     With ``cache``: each array is saved there as soon as it is known and reused (a rerun resumes
     at the first candidate not yet measured)."""
-    out = {}
+    from torq.fileio import atomic_write_json
+    out, macs = {}, {}
     if cache is not None:
         cache.mkdir(parents=True, exist_ok=True)
         out = {f.stem: np.load(f) for f in cache.glob("*.npy")}
+        macs = {f.name[:-len(".macs.json")]: json.loads(f.read_text()) for f in cache.glob("*.macs.json")}
     keep = ("labels", "fp32", *candidates)
     todo = [c for c in candidates if c not in out]
     if not todo and {"labels", "fp32"} <= set(out):
-        return {k: out[k] for k in keep}
+        return {**{k: out[k] for k in keep}, "macs": macs}
 
     def save(key, value):
         out[key] = value
@@ -69,28 +85,41 @@ def outcomes(entry: dict, candidates, limit, cache: Path | None = None) -> dict:
                 f = OrtEngine(fp32)
                 save("labels", data.labels)
                 save("fp32", np.concatenate([np.argmax(f(x), 1) for _, x in cached]) == data.labels)
+        from torq.quantize.precision import mac_share
+        macs[name] = mac_share(q)
+        if cache is not None:
+            atomic_write_json(cache / f"{name}.macs.json", macs[name])
         qin = io_quant_params(q)["inputs"][iname]
         i8 = OrtEngine(q)
         pred = np.concatenate([np.argmax(i8(quantize_input(x, qin["scale"], qin["zero_point"])), 1)
                                for _, x in cached])
         save(name, pred == data.labels)
-        print(f"  {name}: {100 * out[name].mean():.2f} (fp32 {100 * out['fp32'].mean():.2f})", file=sys.stderr)
-    return {k: out[k] for k in keep}
+        print(f"  {name}: {100 * out[name].mean():.2f} (fp32 {100 * out['fp32'].mean():.2f}), "
+              f"MACs {macs[name]}", file=sys.stderr)
+    return {**{k: out[k] for k in keep}, "macs": macs}
 
 
-def choose(rows: dict, candidates, half: dict) -> tuple[str, dict]:
-    """(chosen, tests): the simplest candidate (the first) unless another one beats it on the
-    tuning half — its 95 % paired-bootstrap interval, pooled over the models' tuning images,
-    entirely above zero — then the one with the largest such gain. ``tests``: every other
-    candidate minus the first, on the tuning half."""
+def eligible(name: str, rows: dict, entry_recipe) -> bool:
+    """Exact scales (NSS == ORT) and >= MIN_INT8_MACS of the MACs in int8 on every model."""
+    return entry_recipe.exact_scales and all(r["macs"].get(name, {}).get("int8", 0) >= MIN_INT8_MACS
+                                             for r in rows.values())
+
+
+def choose(rows: dict, candidates, half: dict, target: float, recipes: dict) -> tuple[str, dict]:
+    """(chosen, tuning): the first eligible candidate whose tuning-half INT8 − FP32 is >= −target
+    points on every model; none: the eligible one with the best worst model. ``tuning``: per
+    candidate, its per-model tuning-half difference (paired bootstrap), worst, eligibility."""
     from torq.evaluate.protocol import paired_bootstrap
-
-    def tune(name):
-        return np.concatenate([r[name][half[k]["tune"]] for k, r in rows.items()])
-    base = candidates[0]
-    tests = {c: paired_bootstrap(tune(base), tune(c)) for c in candidates[1:]}
-    winners = [c for c, t in tests.items() if t["ci95"][0] > 0]
-    return (max(winners, key=lambda c: tests[c]["diff"]) if winners else base), tests
+    tuning = {}
+    for c in candidates:
+        diffs = {k: paired_bootstrap(r["fp32"][half[k]["tune"]], r[c][half[k]["tune"]]) for k, r in rows.items()}
+        tuning[c] = {"vs_fp32": diffs, "worst": min(d["diff"] for d in diffs.values()),
+                     "eligible": eligible(c, rows, recipes[c])}
+    ok = [c for c in candidates if tuning[c]["eligible"]]
+    if not ok:
+        raise SystemExit("no eligible candidate (exact scales and >= 90 % int8 MACs)")
+    meets = [c for c in ok if tuning[c]["worst"] >= -target / 100]
+    return (meets[0] if meets else max(ok, key=lambda c: tuning[c]["worst"])), tuning
 
 
 def report(rows: dict, candidates, chosen: str, half: dict, tests: dict) -> dict:
@@ -113,8 +142,8 @@ def report(rows: dict, candidates, chosen: str, half: dict, tests: dict) -> dict
                 row[name]["report"]["chosen_minus_this"] = paired_bootstrap(c[idx["report"]],
                                                                              r[chosen][idx["report"]])
         table[k] = row
-    return {"chosen_on_tuning_half": chosen, "baseline": candidates[0],
-            "tuning_half_minus_baseline": tests, "rows": table}
+    return {"chosen_on_tuning_half": chosen, "tuning": tests, "rows": table,
+            "macs_share": {k: r["macs"] for k, r in rows.items()}}
 
 
 def _pts(d: dict) -> str:
@@ -131,17 +160,20 @@ def _half_table(res: dict, candidates, h: str) -> list[str]:
     return lines
 
 
-def markdown(res: dict, candidates) -> str:
-    chosen, base = res["chosen_on_tuning_half"], res["baseline"]
+def markdown(res: dict, candidates, target: float) -> str:
+    chosen, tuning = res["chosen_on_tuning_half"], res["tuning"]
     lines = ["Cells: top-1 %, INT8 − FP32 in points (95 % paired bootstrap); FP32 with its Wilson 95 % interval.",
              "", "Tuning half (the choice is made here):", "", *_half_table(res, candidates, "tune"), "",
-             f"Tuning half, pooled over the models, each candidate minus {base} (95 % paired bootstrap): "
-             + "; ".join(f"{n}: {_pts(t)} {t['verdict']}" for n, t in res["tuning_half_minus_baseline"].items()),
-             "", f"Chosen: **{chosen}**" + ("" if chosen != base else
-                                            f" (no candidate beats {base} with an interval excluding 0: "
-                                            "the simplest is kept)"), "",
+             "Tuning half, worst model's INT8 − FP32 and eligibility (exact scales, >= 90 % int8 MACs): "
+             + "; ".join(f"{n}: {100 * t['worst']:+.1f}{'' if t['eligible'] else ' (not eligible)'}"
+                         for n, t in tuning.items()),
+             "", f"Chosen: **{chosen}** (the first eligible candidate within {target:g} points of FP32 on every "
+             "model's tuning half; none: the closest)", "",
              "Report half (images that played no part in the choice):", "",
              *_half_table(res, candidates, "report"), "",
+             "MACs per precision (int8 share): " + "; ".join(
+                 f"{k}: " + ", ".join(f"{n} {100 * m.get('int8', 0):.1f} %" for n, m in v.items())
+                 for k, v in res["macs_share"].items()), "",
              f"{chosen} minus each other candidate on the report half (points, 95 % paired bootstrap):"]
     for k, row in res["rows"].items():
         parts = [f"{n}: {_pts(row[n]['report']['chosen_minus_this'])} {row[n]['report']['chosen_minus_this']['verdict']}"
@@ -153,7 +185,9 @@ def markdown(res: dict, candidates) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", action="append", choices=[*ROWS, "fmnist"])
-    ap.add_argument("--candidate", action="append", help=f"recipe[:method] (default: {', '.join(CANDIDATES)})")
+    ap.add_argument("--candidate", action="append",
+                    help=f"PRESET[:METHOD][+auto[=BUDGET]], simplest first (default: {', '.join(CANDIDATES)})")
+    ap.add_argument("--target", type=float, default=0.5, help="top-1 points from FP32 to meet (default 0.5)")
     ap.add_argument("--limit", type=int)
     ap.add_argument("--split-seed", type=int, default=0)
     ap.add_argument("--json", metavar="OUT")
@@ -171,9 +205,10 @@ def main() -> None:
         rows[name] = outcomes(entry, candidates, args.limit,
                               Path(args.cache) / name if args.cache else None)
     half = {k: halves(len(r["labels"]), args.split_seed) for k, r in rows.items()}
-    chosen, tests = choose(rows, candidates, half)
+    recipes = {c: recipe_of(c, entry) for c in candidates}
+    chosen, tests = choose(rows, candidates, half, args.target, recipes)
     res = report(rows, candidates, chosen, half, tests)
-    print(markdown(res, candidates))
+    print(markdown(res, candidates, args.target))
     if args.json:
         from torq.fileio import atomic_write_json
         atomic_write_json(args.json, res)

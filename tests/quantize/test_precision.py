@@ -128,3 +128,35 @@ def test_recipe_precision_auto_applies_the_choice_and_stamps_it(cnn):
     chosen = {n for n, p in recipe.precision if p == "int16"}
     assert chosen == set(report["int16_layers"])
     assert {n for n, p in precision_of(q).items() if p == "int16"} >= chosen
+
+
+def test_mac_share_counts_each_layer_at_its_input_width(cnn):
+    """A layer multiplies at the width of the activation it reads: promoting conv2's output to
+    int16 makes conv3 (which reads it) an int16 × int8 layer, while conv2 itself still multiplies
+    int8 × int8 (graph.macs counts: conv1 221184, conv2 147456, conv3 16384, dwconv 4608, fc 80)."""
+    from torq.quantize.precision import mac_share
+    total = 221184 + 147456 + 16384 + 4608 + 80
+    assert mac_share(quantize(cnn, per_channel=True, full_integer=True)) == {"int8": 1.0}
+    share = mac_share(quantize(cnn, precision=(("conv2", "int16"),), per_channel=True, full_integer=True))
+    assert share["int16"] == pytest.approx(16384 / total) and share["int8"] == pytest.approx(1 - 16384 / total)
+    share = mac_share(quantize(cnn, precision=(("conv1", "int16"),), per_channel=True))
+    assert share["int16"] == pytest.approx(147456 / total)
+    q = quantize(cnn, per_channel=True, nodes_to_exclude=("conv3",))     # a float layer is neither
+    assert mac_share(q)["float"] == pytest.approx(16384 / total)
+
+
+def test_auto_model_is_its_resolved_recipe_applied_on_every_sample(cnn):
+    """The held-apart samples only judge the choice: the final model is calibrated on every sample,
+    so it is the model its resolved recipe (`quantize --recipe` of the stamped recipe) gives, and
+    with nothing promoted it is the base recipe's model."""
+    from torq.quantize.calibration import ArrayDataReader
+    from torq.quantize.recipe import recipe_of
+    samples = samples_of(SyntheticDataReader(cnn, 9))
+    graph = lambda q: q.graph.SerializeToString()                       # noqa: E731 (metadata aside)
+    for budget in (0.0, 100.0):
+        q = quantize(cnn, calibration_data_reader=ArrayDataReader(samples), per_channel=True,
+                     precision=(("*", "auto"),), accuracy_budget=budget)
+        again = quantize(cnn, calibration_data_reader=ArrayDataReader(samples), recipe=recipe_of(q))
+        assert graph(again) == graph(q)
+    plain = quantize(cnn, calibration_data_reader=ArrayDataReader(samples), per_channel=True)
+    assert recipe_of(q).precision == () and graph(q) == graph(plain)

@@ -163,6 +163,43 @@ def test_quantize_writes_the_model_evaluate_measured(probe_model_path, tmp_path,
     assert (tmp_path / "other.onnx").read_bytes() != measured
 
 
+@pytest.mark.slow
+def test_torq_compile_runs_what_evaluate_measured(probe_model_path, tmp_path):
+    """The recommended recipe (mixed precision: int16 layers chosen by measurement) through the
+    user's path — `quantize --recipe recommended` then `torq-compile --emit program` — is the model
+    evaluate measured: the same ONNX bytes, and the Program's NSS top-1 on the evaluated images is
+    evaluate's INT8-NSS top-1, image by image."""
+    from torq.compile_cli import main as compile_main
+    from torq.data import load_dataset
+    from torq.data.preprocess import parse_preprocess
+    from torq.evaluate.engines import quantize_input
+    from torq.gen_config.cli import main
+    from torq.graph.io_quant import io_quant_params
+    from torq.program import Program
+    from torq.runtime.nss import Simulator
+    from evaluate.fmnist_probe import TEST, TRAIN
+    common = ["--model", str(probe_model_path), "--calibration-data", str(TRAIN), "--num-calib", "12",
+              "--preprocess", "norm=unit"]
+    n = 12
+    assert main(["evaluate", *common, "--dataset", str(TEST), "--limit", str(n), "--sqnr-images", "0",
+                 "--batch", "4", "-o", str(tmp_path / "ev")]) == 0
+    assert main(["quantize", *common, "-o", str(tmp_path / "q.onnx")]) == 0
+    assert (tmp_path / "q.onnx").read_bytes() == (tmp_path / "ev" / f"{probe_model_path.stem}.int8.onnx").read_bytes()
+    assert compile_main([str(tmp_path / "q.onnx"), "--emit", "program", "-o", str(tmp_path / "q.torq")]) == 0
+    measured = json.loads((tmp_path / "ev" / "evaluation.json").read_text())
+    program, q = Program.load(tmp_path / "q.torq"), onnx.load(tmp_path / "q.onnx")
+    name = program.inputs[0].name
+    qin = io_quant_params(q)["inputs"][name]
+    data = load_dataset(str(TEST))
+    x = parse_preprocess("norm=unit").batch([data.load(i) for i in range(n)], (1, 28, 28), name)
+    sim, top = Simulator(program), []
+    for img in quantize_input(x, qin["scale"], qin["zero_point"]):
+        out = program.fetch(sim.run(program.feed({name: img[None]}), "native"))
+        top.append(int(np.argmax(next(iter(out.values())))))
+    assert measured["per_image"]["label"] == data.labels[:n].tolist()
+    assert top == measured["per_image"]["int8_nss"]
+
+
 @pytest.fixture(scope="module")
 def probe_model_path(tmp_path_factory):
     from evaluate import fmnist_probe

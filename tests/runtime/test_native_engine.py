@@ -87,6 +87,71 @@ def test_conv_bit_identical(isa, monkeypatch, seed, depthwise, k, stride, dil, C
     _run_both(_program(x.shape, w, sb, attrs, op, (n, O, OH, OW)), x)
 
 
+@pytest.mark.parametrize("k, stride, dil, hw", [
+    ((3, 3), (1, 1), (1, 1), (5, 150)),     # rows of 150: 10 vectors, register tiles of 8 + 2
+    ((3, 3), (2, 2), (1, 1), (9, 300)),     # stride 2 over 64-byte loads
+    ((5, 5), (3, 3), (1, 1), (13, 70)),     # stride 3: the scalar gather
+    ((1, 7), (1, 1), (1, 9), (3, 90)),      # taps 54 bytes apart: a row split in two windows
+    ((7, 2), (1, 2), (2, 1), (20, 33)),
+])
+def test_depthwise_geometries(k, stride, dil, hw):
+    """Depthwise shapes the random test does not reach: long rows, stride 3, taps far apart."""
+    rng = np.random.default_rng(sum(k) + sum(hw))
+    C = 5
+    pads = [1, 2, 0, 1]
+    OH = _out_size(hw[0], k[0], stride[0], dil[0], pads[2], pads[3])
+    OW = _out_size(hw[1], k[1], stride[1], dil[1], pads[0], pads[1])
+    attrs, w, sb, op = _conv_step(C, C, k, stride, dil, pads, C, int(rng.integers(-128, 128)), False, rng=rng)
+    x = rng.integers(-128, 128, (1, C, *hw)).astype(np.int8)
+    _run_both(_program(x.shape, w, sb, attrs, op, (1, C, OH, OW)), x)
+
+
+@pytest.mark.parametrize("amx", ["1", "0"])
+@pytest.mark.parametrize("Cg, k, stride, pads, hw", [
+    (8, 1, 1, [0, 0, 0, 0], (3, 150)),        # rows of 150: the 64-pixel channel-quad packing
+    (40, 1, 1, [0, 0, 0, 0], (2, 200)),
+    (44, 1, 1, [0, 0, 0, 0], (9, 14)),        # an unpadded 1x1: the planes packed as one row
+    (12, 1, 2, [0, 0, 0, 0], (9, 70)),
+    (36, 3, 1, [1, 1, 1, 1], (4, 131)),
+    (6, 3, 2, [1, 0, 1, 0], (5, 260)),
+])
+def test_conv_long_rows(amx, monkeypatch, Cg, k, stride, pads, hw):
+    """Convolutions over rows long enough for the 64-pixel packing path, VNNI and AMX."""
+    monkeypatch.setenv("TORQ_NATIVE_AMX", amx)
+    monkeypatch.setattr(build, "_state", {})
+    rng = np.random.default_rng(Cg * 1000 + hw[1])
+    O = 19
+    OH = _out_size(hw[0], k, stride, 1, pads[2], pads[3])
+    OW = _out_size(hw[1], k, stride, 1, pads[0], pads[1])
+    attrs, w, sb, op = _conv_step(O, Cg, (k, k), (stride, stride), (1, 1), pads, 1, int(rng.integers(-128, 128)),
+                                  False, rng=rng)
+    x = rng.integers(-128, 128, (1, Cg, *hw)).astype(np.int8)
+    _run_both(_program(x.shape, w, sb, attrs, op, (1, O, OH, OW)), x)
+
+
+@pytest.mark.parametrize("amx", ["1", "0"])
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 2**32 - 1), k=st.sampled_from([1, 3]), stride=st.sampled_from([1, 2]),
+       dil=st.sampled_from([1, 2]), Cg=st.sampled_from([32, 36, 64, 100]), groups=st.sampled_from([1, 2]),
+       Og=st.integers(1, 40), hw=st.integers(3, 20), n=st.integers(1, 2))
+def test_wide_conv_bit_identical(amx, monkeypatch, seed, k, stride, dil, Cg, groups, Og, hw, n):
+    """Convolutions with >= 32 input channels per group: AMX-INT8 tiles where the CPU has them
+    (TORQ_NATIVE_AMX=1), the VNNI kernel otherwise; both against the reference."""
+    monkeypatch.setenv("TORQ_NATIVE_AMX", amx)
+    monkeypatch.setattr(build, "_state", {})            # rebind the library with this setting
+    rng = np.random.default_rng(seed)
+    C, O = Cg * groups, Og * groups
+    pads = [int(v) for v in rng.integers(0, k, 4)]
+    OH = _out_size(hw, k, stride, dil, pads[2], pads[3])
+    OW = _out_size(hw + 3, k, stride, dil, pads[0], pads[1])
+    if OH <= 0 or OW <= 0:
+        return
+    attrs, w, sb, op = _conv_step(O, C, (k, k), (stride, stride), (dil, dil), pads, groups,
+                                  int(rng.integers(-128, 128)), False, rng=rng)
+    x = rng.integers(-128, 128, (n, C, hw, hw + 3)).astype(np.int8)
+    _run_both(_program(x.shape, w, sb, attrs, op, (n, O, OH, OW)), x)
+
+
 @pytest.mark.parametrize("isa", ISAS)
 def test_fully_connected_bit_identical(isa, monkeypatch):
     monkeypatch.setenv("TORQ_NATIVE_ISA", isa)
@@ -104,7 +169,7 @@ def test_requant_matches_numerics_at_the_edges():
     rng = np.random.default_rng(2)
     edges = np.array([0, 1, -1, 2**31 - 1, -2**31, 2**24, 2**24 + 1, -2**24 - 1, 12345, -12345], np.int64)
     acc = np.concatenate([edges, rng.integers(-2**31, 2**31, 1000), rng.integers(-3000, 3000, 1000)])
-    for shift in (0, 1, 4, 20, 36, 60):
+    for shift in (0, 1, 4, 20, 31, 32, 36, 52, 53, 60):      # 32..52: the high-half fast path
         for mult in (1, 3, 2**31 - 1, -(2**31), min(2**31 - 1, 1 << max(0, shift - 8)), min(2**31 - 1, 1 << max(0, shift - 1))):
             for even in (0, 1):
                 for zp, lo, hi in ((0, -128, 127), (-128, -128, 127), (17, -5, 90)):
@@ -156,3 +221,20 @@ def test_unknown_engine_is_a_one_line_error():
                  "torq_hl.conv2d", (1, 1, 2, 2))
     with pytest.raises(TorqError, match=r"^--engine must be one of native, reference, not 'fast'$"):
         Simulator(p, "fast")
+
+
+def test_a_failing_build_leaves_the_reference_engine(monkeypatch, tmp_path):
+    """A compiler that fails: no library, ``why()`` says so, and a native Simulator runs the
+    reference kernels (same results); nothing half-built is left in the cache."""
+    monkeypatch.setenv("CC", "/bin/false")
+    monkeypatch.setenv("TORQ_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(build, "_state", {})
+    assert native.library() is None and "failed" in native.why()
+    rng = np.random.default_rng(3)
+    attrs, w, sb, op = _conv_step(4, 4, (3, 3), (1, 1), (1, 1), [1, 1, 1, 1], 1, 0, False, rng=rng)
+    x = rng.integers(-128, 128, (1, 4, 5, 5)).astype(np.int8)
+    p = _program(x.shape, w, sb, attrs, op, (1, 4, 5, 5))
+    sim = Simulator(p, "native")
+    assert sim.engine == "reference"
+    assert np.array_equal(sim.run([x])[0], Simulator(p, "reference").run([x])[0])
+    assert not [f for f in tmp_path.rglob("*") if f.is_file()]

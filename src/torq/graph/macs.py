@@ -80,3 +80,15 @@ def model_macs(model: onnx.ModelProto) -> int | None:
             return None
         total += m
     return total
+
+
+def macs_by_node(model: onnx.ModelProto) -> dict[str, int | None]:
+    """{node name (or its first output): MACs} of every node with a weight (``node_macs`` > 0
+    or unknown)."""
+    shapes = _shapes(model)
+    out = {}
+    for n in model.graph.node:
+        m = node_macs(n, shapes)
+        if m != 0:
+            out[n.name or n.output[0]] = m
+    return out

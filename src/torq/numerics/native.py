@@ -21,7 +21,7 @@ import numpy as np
 
 from .loops import act_loop, add_loop, as4d, bcast, channel_params, contiguous_rows, parts_int64, split_ok
 
-__all__ = ["INT32_MIN", "INT32_MAX", "MAX_SHIFT", "SHIFT_STEP", "ZERO_SCALE_SHIFT", "llround",
+__all__ = ["global_avgpool_act", "INT32_MIN", "INT32_MAX", "MAX_SHIFT", "SHIFT_STEP", "ZERO_SCALE_SHIFT", "llround",
            "multiplier_and_shift", "per_channel_multipliers", "conv_rescale",
            "conv_rescale_constant_channels", "constant_channel", "constant_output", "exact_dyadic", "EXACT_GRID_BITS",
            "rescale_ties_even", "ntp_shift",
@@ -427,6 +427,13 @@ def avgpool_native(sum_minus_zp, counts, xs, ys, zy, qmin, qmax, *, ties_even: b
     t = (acc + bias) * mult
     out = np.where(nte.astype(bool), nte_shift(t.copy(), shift), ntp_shift(t, shift)) + zp
     return np.clip(out, int(qmin), int(qmax))
+
+
+def global_avgpool_act(xs, ys, count: int, zy: int, ties_even: bool) -> tuple[int, int, bool]:
+    """(mult, shift, NTE) of the ACT a global average pool of ``count`` pixels applies to
+    Σ(x - zx) (``avgpool_native`` with one window, zero point added after rounding)."""
+    m, s, _, _, nte = _avgpool_act(xs, ys, int(count), int(zy), bool(ties_even), False)
+    return m, s, bool(nte and s > 0)
 
 
 @functools.lru_cache(maxsize=1024)

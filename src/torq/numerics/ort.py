@@ -15,7 +15,7 @@ import numpy as np
 from .loops import as4d, bcast, channel_params, contiguous_rows, pair, parts_int64, requant_ort_loop, split_ok
 from .native import INT32_MAX
 
-__all__ = ["dq_scale", "ort_requant_scale", "requant_ort", "requant_ort_parts", "fma32",
+__all__ = ["global_avgpool_scale", "dq_scale", "ort_requant_scale", "requant_ort", "requant_ort_parts", "fma32",
            "ort_broadcast_mode", "add_ort", "add_float_ort", "mul_scale_ort", "mul_ort",
            "global_avgpool_ort", "avgpool_ort", "quantize_ort", "dequantize_ort"]
 
@@ -211,8 +211,12 @@ def global_avgpool_ort(acc, n, xs, ys, zy, qmin, qmax) -> np.ndarray:
         s = fl32(xs / fl32(ys * n));  acc = Σx - zx*n (int32)
         y = clamp(RNE(fl32(fl32(acc) * s)), qmin - zy, qmax - zy) + zy
     """
-    s = _F32(_F32(xs) / _F32(_F32(ys) * _F32(int(n))))
-    return requant_ort(acc, s, zy, qmin, qmax)
+    return requant_ort(acc, global_avgpool_scale(n, xs, ys), zy, qmin, qmax)
+
+
+def global_avgpool_scale(n, xs, ys) -> np.float32:
+    """The float32 requant scale of ORT's global average pool: ``fl32(xs / fl32(ys * n))``."""
+    return _F32(_F32(xs) / _F32(_F32(ys) * _F32(int(n))))
 
 
 

@@ -3,7 +3,8 @@ within X of FP32, chosen by measurement on calibration data only.
 
 1. Sensitivity (``sensitivity.measure``) on the calibration split: each layer's output KL with
    only that layer in int8.
-2. Layers are ranked by KL per MAC (what int16 buys per unit of int16 work) and promoted as a
+2. Layers are ranked by KL per MAC (what int16 buys per unit of int16 work: the MACs of the
+   layers that read its output, ``int16_macs``) and promoted as a
    prefix of that ranking: the smallest prefix whose quantized model (the caller's recipe with
    those layers in int16, ``quantize_fn``) is within the budget on a *held-apart* calibration
    split, found by doubling then bisection. The budget is top-1 disagreement with FP32 in
@@ -13,7 +14,7 @@ within X of FP32, chosen by measurement on calibration data only.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import onnx
@@ -84,7 +85,8 @@ def choose(fp32: onnx.ModelProto, quantize_fn, calibration: list[dict], holdout:
         raise TorqError("--precision auto needs held-apart calibration images (none left after the split)")
     say = progress or (lambda *_: None)
     sens = measure(fp32, calibration, progress=lambda i, n, name: say(f"sensitivity {i + 1}/{n}: {name}"))
-    total = sum(s.macs for s in sens) or 1
+    cost, total = int16_macs(fp32, sens)
+    sens = [replace(s, macs=cost[s.name]) for s in sens]
     ranked = sorted((s for s in sens if s.kl > 0), key=lambda s: -s.kl / max(s.macs, 1))
     reference = outputs_of(fp32, batched(fp32, holdout), fused=False)
     cache: dict[int, tuple] = {}
@@ -103,6 +105,34 @@ def choose(fp32: onnx.ModelProto, quantize_fn, calibration: list[dict], holdout:
     if trial(k)[0] > budget:          # never within: the best prefix tried (disagreement, then KL)
         k = min(cache, key=lambda n: (cache[n][0], cache[n][1], n))
     return _result(sens, ranked, k, cap, budget, trial(k), cache, total, len(reference))
+
+
+def int16_macs(fp32: onnx.ModelProto, sens: list[LayerSensitivity]) -> tuple[dict[str, int], int]:
+    """({layer: the MACs that run int16 × int8 when its output is int16}, the model's MACs), by
+    ``graph.macs``: a layer's int16 output is read by the Conv / Gemm / MatMul layers behind it
+    (through data movement), which then multiply two byte planes; the layer itself still
+    multiplies at its input's width. The cap and the MAC shares count this, as
+    ``precision.mac_share`` does on the quantized model."""
+    from ..graph.macs import macs_by_node
+    from .precision import MOVES, _batch_of_one
+    macs = macs_by_node(_batch_of_one(fp32))
+    readers: dict[str, list] = {}
+    for n in fp32.graph.node:
+        for i in n.input:
+            readers.setdefault(i, []).append(n)
+
+    def behind(tensor: str, seen: set) -> int:
+        got = 0
+        for r in readers.get(tensor, []):
+            if (r.name or r.output[0]) in seen:
+                continue
+            seen.add(r.name or r.output[0])
+            if r.op_type in MOVES:
+                got += sum(behind(o, seen) for o in r.output)
+            elif r.input and r.input[0] == tensor:
+                got += macs.get(r.name or r.output[0]) or 0
+        return got
+    return {s.name: behind(s.tensor, set()) for s in sens}, sum(v or 0 for v in macs.values()) or 1
 
 
 def _cap(ranked: list[LayerSensitivity], total: int, share: float) -> int:
@@ -140,7 +170,7 @@ def _result(sens, ranked, k, cap, budget, chosen, cache, total, images) -> AutoP
     met = dis <= budget
     layers = []
     for s in sens:
-        mac = f"{100 * s.macs / total:.2f} % of MACs"
+        mac = f"int16 output: {100 * s.macs / total:.2f} % of MACs int16 × int8"
         if s.name in promoted:
             why = (f"int16: rank {rank[s.name]} by KL per MAC (KL {s.kl:.2e} in int8, {mac}); "
                    f"the budget needed the first {k}")
@@ -174,8 +204,8 @@ def split_holdout(samples: list[dict], holdout: int | None = None) -> tuple[list
 def apply_auto(recipe, src: onnx.ModelProto, reader, *, where: str = "model", wrap_lone_ops: bool = False):
     """``recipe.apply`` for ``--precision auto``: the calibration samples split (last third held
     apart), the recipe's fp32 transforms and ranges on the calibration part, the int16 layers
-    chosen (``choose``), the final model quantized with them and the choice stamped on it
-    (``precision.stamp``). Returns a ``recipe.Quantized`` whose recipe names the chosen layers."""
+    chosen (``choose``), then the final model quantized with them on every calibration sample
+    and the choice stamped on it (``precision.stamp``). Returns a ``recipe.Quantized`` whose recipe names the chosen layers."""
     from .calibration import ArrayDataReader
     from .precision import name_nodes, stamp
     from .recipe import Quantized, prepare, quantize_prepared
@@ -191,7 +221,13 @@ def apply_auto(recipe, src: onnx.ModelProto, reader, *, where: str = "model", wr
                                  ArrayDataReader(calib), where=where)
     result = choose(prepared, trial, calib, hold, recipe.accuracy_budget)
     final = with_layers(result.precision)
-    q = quantize_prepared(final, prepared, ArrayDataReader(calib), where=where, wrap_lone_ops=wrap_lone_ops)
+    # the final model is the resolved recipe applied as any recipe is, on *every* calibration
+    # sample (the held-apart ones only judged the choice): `quantize --recipe <resolved>.json`
+    # writes the same model, and with no layer promoted it is the base recipe's model.
+    every = calib + hold
+    if base.equalize != "off" or base.bias_correction:
+        prepared = name_nodes(prepare(base, src, ArrayDataReader(every)))
+    q = quantize_prepared(final, prepared, ArrayDataReader(every), where=where, wrap_lone_ops=wrap_lone_ops)
     return Quantized(stamp(q, result.to_json()), prepared, final)
 
 

@@ -181,3 +181,44 @@ def precision_of(qmodel: onnx.ModelProto) -> dict[str, str]:
         elif dqs:
             out[n.name] = q_type(dqs[0])
     return out
+
+
+def mac_share(qmodel: onnx.ModelProto) -> dict[str, float]:
+    """{"int8", "int16", "float": share of the model's multiply-accumulates} (``graph.macs``: Conv /
+    Gemm / MatMul weight taps). A layer's MACs run at the width of its *activation input* (the
+    DequantizeLinear feeding input 0): an int8-output layer that reads an int16 tensor multiplies
+    int16 × int8. Layers whose input or weight is not dequantized count as float."""
+    from ..graph.macs import macs_by_node
+    qmodel = _batch_of_one(qmodel)
+    g = qmodel.graph
+    zp_type = {t.name: t.data_type for t in g.initializer}
+    producer = {o: n for n in g.node for o in n.output}
+    wide = (onnx.TensorProto.INT16, onnx.TensorProto.UINT16)
+    macs = macs_by_node(qmodel)
+    count = {"int8": 0, "int16": 0, "float": 0}
+    for n in g.node:
+        m = macs.get(n.name or n.output[0])
+        if not m or not n.input:
+            continue
+        dq = producer.get(n.input[0])
+        if n.op_type.startswith(("QLinear", "QGemm")) or n.op_type.endswith("Integer"):
+            count["int8"] += m                          # QOperator: int8 in, by construction
+        elif not all(i in producer and producer[i].op_type == "DequantizeLinear" for i in n.input[:2]):
+            count["float"] += m
+        else:
+            zp = zp_type.get(dq.input[2]) if len(dq.input) > 2 else onnx.TensorProto.UINT8
+            count["int16" if zp in wide else "int8"] += m
+    total = sum(count.values()) or 1
+    return {k: v / total for k, v in count.items() if v or k == "int8"}
+
+
+def _batch_of_one(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy whose inputs' open leading (batch) dim is 1, so shapes infer statically."""
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    del m.graph.value_info[:]
+    for vi in m.graph.input:
+        dims = vi.type.tensor_type.shape.dim
+        if dims and not dims[0].dim_value:
+            dims[0].dim_value = 1
+    return m

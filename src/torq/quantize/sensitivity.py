@@ -223,15 +223,12 @@ def layer_macs(model: onnx.ModelProto) -> dict[str, int]:
 
 def precision_summary(fp32: onnx.ModelProto, qmodel: onnx.ModelProto) -> dict:
     """What a quantized model holds, per precision: its int16 layers and the share of MACs each
-    precision carries (MACs from ``fp32``'s shapes, per sample), plus the auto-precision report
-    stamped on it, if any."""
-    from .precision import precision_of, stamped
-    macs = layer_macs(onnx.shape_inference.infer_shapes(fp32))
+    precision carries (``precision.mac_share``), plus the auto-precision report stamped on it, if
+    any. (``fp32``: kept for callers; the count reads the quantized graph itself.)"""
+    from .precision import mac_share, precision_of, stamped
     prec = precision_of(qmodel)
-    total = sum(macs.get(n, 0) for n in prec) or 1
-    share = {p: sum(macs.get(n, 0) for n, q in prec.items() if q == p) / total for p in ("int8", "int16")}
     out = {"int16_layers": sorted(n for n, p in prec.items() if p == "int16"),
-           "mac_share": {k: round(v, 6) for k, v in share.items()}}
+           "mac_share": {k: round(v, 6) for k, v in mac_share(qmodel).items()}}
     report = stamped(qmodel)
     if report is not None:
         out["auto"] = report

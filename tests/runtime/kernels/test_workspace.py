@@ -60,7 +60,6 @@ def test_accumulators_in_a_shared_workspace_are_exact(case):
         parts = plan.parts(x, ws)
         assert np.array_equal(parts.int64(), ref)
         assert np.array_equal(plan.parts(x[:1], ws).int64(), ref[:1])   # batch invariant
-    assert ws.nbytes > 0
 
 
 def test_workspace_reuses_its_memory():

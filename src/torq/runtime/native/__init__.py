@@ -9,8 +9,8 @@ measurements: docs/native-engine.md.
 """
 from __future__ import annotations
 
-from .build import int8_features, library, vnni, why
+from .build import amx, int8_features, library, vnni, why
 
 ENGINES = ("native", "reference")
 
-__all__ = ["ENGINES", "int8_features", "library", "vnni", "why"]
+__all__ = ["ENGINES", "amx", "int8_features", "library", "vnni", "why"]

@@ -1,4 +1,4 @@
-"""Build the native kernels (``conv.c``, ``depthwise.c``, ``pool.c``) for this CPU once, cache the library by content.
+"""Build the native kernels (``conv.c``, ``depthwise.c``, ``eltwise.c``, ``pool.c``) for this CPU once, cache the library by content.
 
 The C source is compiled at first use with the system C compiler (``$CC``, else ``cc`` /
 ``gcc`` / ``clang``) for the host CPU (``-march=native``: AVX512-VNNI where the CPU has it, a
@@ -25,9 +25,9 @@ import threading
 from pathlib import Path
 
 _HERE = Path(__file__).resolve().parent
-SOURCES = (_HERE / "conv.c", _HERE / "depthwise.c", _HERE / "pool.c", _HERE / "common.h", _HERE / "pool.h",
-           _HERE.parent.parent / "numerics" / "act.h")
-_UNITS = SOURCES[:3]
+SOURCES = (_HERE / "conv.c", _HERE / "depthwise.c", _HERE / "eltwise.c", _HERE / "pool.c", _HERE / "common.h",
+           _HERE / "pool.h", _HERE.parent.parent / "numerics" / "act.h")
+_UNITS = SOURCES[:4]
 _BASE_FLAGS = ["-O3", "-std=gnu11", "-fPIC", "-shared", "-pthread", "-ffp-contract=off", "-fno-strict-aliasing"]
 
 _lock = threading.Lock()
@@ -46,7 +46,12 @@ class TorqGeom(ctypes.Structure):
     _fields_ = [(n, ctypes.c_int32) for n in (
         "N", "C", "H", "W", "G", "Cg", "Og", "OH", "OW", "T", "nph", "rows", "Wq", "sh", "sw", "pt", "pl",
         "padv", "L", "Lpad", "Lph")] + [("ph_ab", ctypes.c_void_p), ("tap_ph", ctypes.c_void_p),
-                                        ("tap_off", ctypes.c_void_p)]
+                                        ("tap_off", ctypes.c_void_p), ("id", ctypes.c_int64)]
+
+
+class TorqDwq(ctypes.Structure):
+    """torq_dwq of the C kernels: a depthwise kernel's taps packed four to a quad."""
+    _fields_ = [("nq", ctypes.c_int32), ("win", ctypes.c_void_p), ("idx", ctypes.c_void_p), ("wq", ctypes.c_void_p)]
 
 
 def isa() -> str:
@@ -107,21 +112,27 @@ def _key(cc: str, flags: list[str]) -> str:
 
 
 def _build(cc: str, flags: list[str], dest: Path) -> str | None:
-    """Compile into ``dest`` (temp file + rename); the compiler's first error line, or None."""
+    """Compile into ``dest`` (temp file + rename); the compiler's first error line, or None.
+    The units compile side by side (one compiler per unit), then link."""
     dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=dest.parent)
-    os.close(fd)
-    try:
-        cmd = [cc, *flags, "-I", str(SOURCES[-1].parent), *map(str, _UNITS), "-o", tmp, "-lm", "-lpthread"]
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-        if r.returncode:
-            lines = [ln for ln in (r.stderr or r.stdout).splitlines() if "error" in ln] or ["failed"]
+    with tempfile.TemporaryDirectory(dir=dest.parent) as tmp:
+        objs = [Path(tmp) / f"{u.stem}.o" for u in _UNITS]
+        compile_flags = [f for f in flags if f != "-shared"]
+        procs = [subprocess.Popen([cc, *compile_flags, "-I", str(SOURCES[-1].parent), "-c", str(u), "-o", str(o)],
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                 for u, o in zip(_UNITS, objs)]
+        results = [(p.communicate(timeout=300)[0], p.returncode) for p in procs]
+        r = None
+        if not any(rc for _, rc in results):
+            r = subprocess.run([cc, *flags, *map(str, objs), "-o", str(Path(tmp) / "lib.so"), "-lm", "-lpthread"],
+                               capture_output=True, text=True, timeout=300)
+            results.append((r.stderr or r.stdout, r.returncode))
+        failed = [out for out, rc in results if rc]
+        if failed:
+            lines = [ln for ln in failed[0].splitlines() if "error" in ln] or ["failed"]
             return lines[0].strip()
-        os.replace(tmp, dest)
+        os.replace(Path(tmp) / "lib.so", dest)
         return None
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 def _load() -> tuple[ctypes.CDLL | None, str]:
@@ -147,13 +158,19 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
 
 def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     p, i = ctypes.c_void_p, ctypes.c_int
-    rq, geom = ctypes.POINTER(TorqRq), ctypes.POINTER(TorqGeom)
+    rq, geom, dwq = ctypes.POINTER(TorqRq), ctypes.POINTER(TorqGeom), ctypes.POINTER(TorqDwq)
     lib.torq_conv_i8.argtypes = [p, p, p, geom, rq, i]
-    lib.torq_dw_i8.argtypes = [p, p, p, geom, rq, i]
+    lib.torq_conv_amx_i8.argtypes = [p, p, p, geom, rq, i]
+    lib.torq_dw_i8.argtypes = [p, p, p, dwq, geom, rq, i]
     lib.torq_fc_i8.argtypes = [p, p, p, i, i, i, rq]
     lib.torq_requant_i8.argtypes = [p, i, rq, p]
-    for fn in (lib.torq_conv_i8, lib.torq_dw_i8, lib.torq_fc_i8, lib.torq_requant_i8, lib.torq_features):
+    lib.torq_add_i8.argtypes = [p, p, p, ctypes.c_long] + [i] * 8
+    lib.torq_gap_i8.argtypes = [p, p, ctypes.c_long, ctypes.c_long, i, ctypes.c_int64] + [i] * 6 + [ctypes.c_float]
+    lib.torq_maxpool_i8.argtypes = [p, p, i, p, i]
+    for fn in (lib.torq_conv_i8, lib.torq_conv_amx_i8, lib.torq_dw_i8, lib.torq_fc_i8, lib.torq_requant_i8,
+               lib.torq_features, lib.torq_amx_init, lib.torq_add_i8, lib.torq_gap_i8, lib.torq_maxpool_i8):
         fn.restype = i
+    lib.amx = bool(lib.torq_features() & 4) and os.environ.get("TORQ_NATIVE_AMX", "1") != "0" and bool(lib.torq_amx_init())
     return lib
 
 
@@ -175,4 +192,17 @@ def why() -> str:
 def vnni() -> bool:
     """Whether the loaded library uses AVX512-VNNI."""
     lib = library()
-    return bool(lib is not None and lib.torq_features())
+    return bool(lib is not None and lib.torq_features() & 1)
+
+
+def amx() -> bool:
+    """Whether the convolutions run on AMX-INT8 tiles (the CPU has them, the OS granted them, and
+    ``$TORQ_NATIVE_AMX`` is not 0)."""
+    lib = library()
+    return bool(lib is not None and lib.amx)
+
+
+def int_depthwise() -> bool:
+    """Whether the loaded library computes depthwise convolutions in integers (AVX512-VBMI)."""
+    lib = library()
+    return bool(lib is not None and lib.torq_features() & 2)

@@ -4,6 +4,7 @@
 #ifndef TORQ_COMMON_H
 #define TORQ_COMMON_H
 
+#include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +15,12 @@
 #define TORQ_VNNI 1
 #else
 #define TORQ_VNNI 0
+#endif
+
+#if TORQ_VNNI && defined(__AVX512VBMI__)
+#define TORQ_DW_INT 1   /* depthwise in integers (depthwise.c); else in float32 */
+#else
+#define TORQ_DW_INT 0
 #endif
 
 #define R 8             /* output channels per register block */
@@ -37,6 +44,7 @@ typedef struct {
     const int32_t *ph_ab;       /* [nph][2] phase (row, column) residue */
     const int32_t *tap_ph;      /* [T] phase of each tap */
     const int32_t *tap_off;     /* [T] pixel offset of each tap inside its phase */
+    int64_t id;                 /* unique in the process (> 0): a scratch buffer's padding is this geometry's */
 } torq_geom;
 
 /* A buffer of at least n bytes owned by the calling thread, reused from call to call (no fresh

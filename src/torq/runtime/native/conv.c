@@ -18,9 +18,16 @@
  */
 #include "common.h"
 
+/* bit 0: AVX512-VNNI kernels; bit 1: depthwise in integers (else float32, bounded weights);
+ * bit 2: AMX-INT8 convolution compiled in (usable once torq_amx_init grants the tiles) */
 int torq_features(void)
 {
-    return TORQ_VNNI;
+#if TORQ_VNNI && defined(__AMX_INT8__) && defined(__AMX_TILE__)
+    const int amx = 1;
+#else
+    const int amx = 0;
+#endif
+    return TORQ_VNNI | TORQ_DW_INT << 1 | amx << 2;
 }
 
 static inline void fill32(uint8_t *d, int n, uint32_t v)
@@ -29,41 +36,70 @@ static inline void fill32(uint8_t *d, int n, uint32_t v)
         memcpy(d + 4 * i, &v, 4);
 }
 
-/* d[4q + l] = s_l[q * sw] ^ 0x80 for q < n (4 channel rows into quads) */
+#if TORQ_VNNI
+/* 16 pixels of a channel row from pixel q (stride sw 1 or 2; cnt <= 16 of them exist) ^ 0x80;
+ * 0 for a missing channel (s NULL: its weights are 0) */
+static inline __m128i row16(const int8_t *s, int q, int sw, int cnt)
+{
+    if (!s)
+        return _mm_setzero_si128();
+    const __m128i f = _mm_set1_epi8((char)0x80);
+    if (sw == 1)
+        return _mm_xor_si128(_mm_maskz_loadu_epi8((__mmask16)((1u << cnt) - 1), s + q), f);
+    const __m256i v = _mm256_maskz_loadu_epi8((__mmask32)((1ull << (2 * cnt - 1)) - 1), s + 2 * q);
+    return _mm_xor_si128(_mm256_cvtepi16_epi8(v), f);
+}
+#endif
+
+/* d[4q + l] = s_l[q * sw] ^ 0x80 for q < n (4 channel rows into quads; a NULL row gives 0) */
 static void interleave4(uint8_t *d, const int8_t *s0, const int8_t *s1, const int8_t *s2, const int8_t *s3, int n,
                         int sw)
 {
     int q = 0;
 #if TORQ_VNNI
-    if (sw == 1) {
-        const __m128i f = _mm_set1_epi8((char)0x80);
-        for (; q + 16 <= n; q += 16) {
-            const __m128i a0 = _mm_xor_si128(_mm_loadu_si128((const __m128i *)(s0 + q)), f);
-            const __m128i a1 = _mm_xor_si128(_mm_loadu_si128((const __m128i *)(s1 + q)), f);
-            const __m128i a2 = _mm_xor_si128(_mm_loadu_si128((const __m128i *)(s2 + q)), f);
-            const __m128i a3 = _mm_xor_si128(_mm_loadu_si128((const __m128i *)(s3 + q)), f);
-            const __m128i lo01 = _mm_unpacklo_epi8(a0, a1), hi01 = _mm_unpackhi_epi8(a0, a1);
-            const __m128i lo23 = _mm_unpacklo_epi8(a2, a3), hi23 = _mm_unpackhi_epi8(a2, a3);
-            _mm_storeu_si128((__m128i *)(d + 4 * q), _mm_unpacklo_epi16(lo01, lo23));
-            _mm_storeu_si128((__m128i *)(d + 4 * q + 16), _mm_unpackhi_epi16(lo01, lo23));
-            _mm_storeu_si128((__m128i *)(d + 4 * q + 32), _mm_unpacklo_epi16(hi01, hi23));
-            _mm_storeu_si128((__m128i *)(d + 4 * q + 48), _mm_unpackhi_epi16(hi01, hi23));
+    if (sw == 1 && s0 && s1 && s2 && s3) {  /* 64 pixels: unpacks in each 128-bit lane, then a 4x4 lane transpose */
+        const __m512i f = _mm512_set1_epi8((char)0x80);
+        for (; q + 64 <= n; q += 64) {
+            const __m512i a0 = _mm512_xor_si512(_mm512_loadu_si512(s0 + q), f);
+            const __m512i a1 = _mm512_xor_si512(_mm512_loadu_si512(s1 + q), f);
+            const __m512i a2 = _mm512_xor_si512(_mm512_loadu_si512(s2 + q), f);
+            const __m512i a3 = _mm512_xor_si512(_mm512_loadu_si512(s3 + q), f);
+            const __m512i lo01 = _mm512_unpacklo_epi8(a0, a1), hi01 = _mm512_unpackhi_epi8(a0, a1);
+            const __m512i lo23 = _mm512_unpacklo_epi8(a2, a3), hi23 = _mm512_unpackhi_epi8(a2, a3);
+            const __m512i r0 = _mm512_unpacklo_epi16(lo01, lo23), r1 = _mm512_unpackhi_epi16(lo01, lo23);
+            const __m512i r2 = _mm512_unpacklo_epi16(hi01, hi23), r3 = _mm512_unpackhi_epi16(hi01, hi23);
+            const __m512i t0 = _mm512_shuffle_i64x2(r0, r1, 0x44), t1 = _mm512_shuffle_i64x2(r2, r3, 0x44);
+            const __m512i t2 = _mm512_shuffle_i64x2(r0, r1, 0xEE), t3 = _mm512_shuffle_i64x2(r2, r3, 0xEE);
+            _mm512_storeu_si512(d + 4 * q, _mm512_shuffle_i64x2(t0, t1, 0x88));
+            _mm512_storeu_si512(d + 4 * q + 64, _mm512_shuffle_i64x2(t0, t1, 0xDD));
+            _mm512_storeu_si512(d + 4 * q + 128, _mm512_shuffle_i64x2(t2, t3, 0x88));
+            _mm512_storeu_si512(d + 4 * q + 192, _mm512_shuffle_i64x2(t2, t3, 0xDD));
         }
     }
+    if (sw <= 2)                /* 16 pixels a step, the last one masked */
+        for (; q < n; q += 16) {
+            const int cnt = n - q < 16 ? n - q : 16;
+            const __m128i a0 = row16(s0, q, sw, cnt), a1 = row16(s1, q, sw, cnt);
+            const __m128i a2 = row16(s2, q, sw, cnt), a3 = row16(s3, q, sw, cnt);
+            const __m128i lo01 = _mm_unpacklo_epi8(a0, a1), hi01 = _mm_unpackhi_epi8(a0, a1);
+            const __m128i lo23 = _mm_unpacklo_epi8(a2, a3), hi23 = _mm_unpackhi_epi8(a2, a3);
+            const __m128i o[4] = {_mm_unpacklo_epi16(lo01, lo23), _mm_unpackhi_epi16(lo01, lo23),
+                                  _mm_unpacklo_epi16(hi01, hi23), _mm_unpackhi_epi16(hi01, hi23)};
+            const __mmask64 m = cnt == 16 ? ~(__mmask64)0 : (((__mmask64)1 << (4 * cnt)) - 1);
+            for (int k = 0; k < 4; k++)
+                _mm_mask_storeu_epi8(d + 4 * q + 16 * k, (__mmask16)(m >> (16 * k)), o[k]);
+        }
 #endif
-    for (; q < n; q++) {
-        d[4 * q] = (uint8_t)s0[q * sw] ^ 0x80;
-        d[4 * q + 1] = (uint8_t)s1[q * sw] ^ 0x80;
-        d[4 * q + 2] = (uint8_t)s2[q * sw] ^ 0x80;
-        d[4 * q + 3] = (uint8_t)s3[q * sw] ^ 0x80;
-    }
+    const int8_t *s[4] = {s0, s1, s2, s3};
+    for (; q < n; q++)
+        for (int l = 0; l < 4; l++)
+            d[4 * q + l] = s[l] ? (uint8_t)s[l][q * sw] ^ 0x80 : 0;
 }
 
 /* Phase k, channel quad cq of channels [c0, c0 + Cg) of image x [C][H][W] as u8 quads
  * (x ^ 0x80); channels past Cg are 0 (their weights are 0). */
-static void pack_phase(const int8_t *x, const torq_geom *g, int c0, uint8_t *ph, int k, int cq)
+static void pack_phase(const int8_t *x, const torq_geom *g, int c0, uint8_t *ph, int k, int cq, int CQ)
 {
-    const int CQ = (g->Cg + 3) / 4;
     const uint8_t padu = (uint8_t)g->padv ^ 0x80;
     const size_t plane = (size_t)g->Lph * 4;
     {
@@ -78,6 +114,14 @@ static void pack_phase(const int8_t *x, const torq_geom *g, int c0, uint8_t *ph,
             int q0, q1;
             col_range(g, b, &q0, &q1);
             uint8_t *dst = ph + ((size_t)k * CQ + cq) * plane;
+            if (nreal == 4 && g->sh == 1 && g->sw == 1 && a == 0 && b == 0 && g->pt == 0 && g->pl == 0
+                && g->Wq == g->W && g->rows == g->H) {      /* unpadded, unit stride: the planes are one row */
+                const int8_t *s0 = x + (size_t)(c0 + 4 * cq) * g->H * g->W;
+                const size_t hw = (size_t)g->H * g->W;
+                interleave4(dst, s0, s0 + hw, s0 + 2 * hw, s0 + 3 * hw, (int)hw, 1);
+                memset(dst + hw * 4, 0, plane - hw * 4);
+                return;
+            }
             for (int r = 0; r < g->rows; r++) {
                 const int y = r * g->sh + a - g->pt;
                 uint8_t *d = dst + (size_t)r * g->Wq * 4;
@@ -90,13 +134,7 @@ static void pack_phase(const int8_t *x, const torq_geom *g, int c0, uint8_t *ph,
                 const int8_t *s[4] = {0, 0, 0, 0};
                 for (int l = 0; l < nreal; l++)
                     s[l] = x + ((size_t)(c0 + 4 * cq + l) * g->H + y) * g->W + q0 * g->sw + b - g->pl;
-                if (nreal == 4) {
-                    interleave4(d + 4 * q0, s[0], s[1], s[2], s[3], q1 - q0, g->sw);
-                    continue;
-                }
-                for (int q = 0; q < q1 - q0; q++)
-                    for (int l = 0; l < 4; l++)
-                        d[4 * (q0 + q) + l] = l < nreal ? ((uint8_t)s[l][q * g->sw] ^ 0x80) : 0;
+                interleave4(d + 4 * q0, s[0], s[1], s[2], s[3], q1 - q0, g->sw);
             }
             memset(dst + (size_t)g->rows * g->Wq * 4, 0, plane - (size_t)g->rows * g->Wq * 4);
         }
@@ -104,6 +142,15 @@ static void pack_phase(const int8_t *x, const torq_geom *g, int c0, uint8_t *ph,
 }
 
 #if TORQ_VNNI
+/* 16 outputs at pixel p of a row of lim (the output plane itself ends there: masked) */
+static inline void tile_store(int8_t *row, int p, int lim, __m128i v)
+{
+    if (p + 16 <= lim)
+        _mm_storeu_si128((__m128i *)(row + p), v);
+    else if (p < lim)
+        _mm_mask_storeu_epi8(row + p, (__mmask16)((1u << (lim - p)) - 1), v);
+}
+
 /* dot products of R channels x P pixel vectors at pixel p0; w [T][CQ][R][4] of this block */
 static inline __attribute__((always_inline)) void
 tile_vnni(const uint8_t *ph, const torq_geom *g, int CQ, const int8_t *w, int p0, int P, const torq_rq *q,
@@ -135,7 +182,7 @@ tile_vnni(const uint8_t *ph, const torq_geom *g, int CQ, const int8_t *w, int p0
         if (o >= Og)
             break;
         for (int k = 0; k < P; k++)
-            _mm_storeu_si128((__m128i *)(obuf + (size_t)o * ostride + p0 + 16 * k), requant16(acc[r][k], o, &qq));
+            tile_store(obuf + (size_t)o * ostride, p0 + 16 * k, (int)ostride, requant16(acc[r][k], o, &qq));
     }
 }
 
@@ -169,7 +216,7 @@ __attribute__((unused)) static void tile_generic(const uint8_t *ph, const torq_g
         const int o = ob * R + r;
         if (o >= Og)
             break;
-        requant_row(acc[r], n, o, q, obuf + (size_t)o * ostride + p0);
+        requant_row(acc[r], p0 + n <= (int)ostride ? n : (int)ostride - p0, o, q, obuf + (size_t)o * ostride + p0);
     }
 }
 
@@ -181,13 +228,13 @@ typedef struct {
     uint8_t *ph;
     int8_t *obuf, *out;             /* tiles write obuf (stride ostride); out: the group's planes */
     size_t ostride, wblock;
-    int c0, CQ, OB, ntiles, n3, rest, per;   /* per: tiles per chunk */
+    int c0, CQ, CQs, OB, ntiles, n3, rest, per;   /* CQs: quad planes per phase; per: tiles per chunk */
 } conv_job;
 
 static void pack_chunk(void *ctx, int i)
 {
     const conv_job *j = ctx;
-    pack_phase(j->x, j->g, j->c0, j->ph, i / j->CQ, i % j->CQ);
+    pack_phase(j->x, j->g, j->c0, j->ph, i / j->CQ, i % j->CQ, j->CQs);
 }
 
 static void tiles_chunk(void *ctx, int i)
@@ -230,7 +277,7 @@ int torq_conv_i8(const int8_t *x, int8_t *out, const int8_t *wpack, const torq_g
     const int CQ = (g->Cg + 3) / 4;
     uint8_t *scratch = thread_scratch((size_t)g->nph * CQ * g->Lph * 4 + (size_t)g->Og * g->Lpad);
     j.g = g;
-    j.CQ = (g->Cg + 3) / 4;
+    j.CQ = j.CQs = (g->Cg + 3) / 4;
     j.OB = (g->Og + R - 1) / R;
     j.wblock = (size_t)g->T * j.CQ * R * 4;
     j.ph = scratch;
@@ -239,7 +286,7 @@ int torq_conv_i8(const int8_t *x, int8_t *out, const int8_t *wpack, const torq_g
     j.rest = nvec % 3;
     j.ntiles = j.n3 + (j.rest ? 1 : 0);
     j.per = j.OB * j.ntiles / (nthreads * 8) + 1;
-    const int direct = g->Wq == g->OW && g->L == g->Lpad;      /* tiles write the output itself */
+    const int direct = g->Wq == g->OW;      /* rows without junk columns: tiles write the output itself */
     j.ostride = direct ? (size_t)g->L : (size_t)g->Lpad;
     const int O = g->G * g->Og, nchunks = (j.OB * j.ntiles + j.per - 1) / j.per;
     for (int n = 0; n < g->N; n++) {
@@ -261,6 +308,135 @@ int torq_conv_i8(const int8_t *x, int8_t *out, const int8_t *wpack, const torq_g
     }
     return 0;
 }
+
+/* ------------------------------------------------------------------ AMX-INT8 tiles */
+
+/* Where the CPU has AMX-INT8 (and the kernel grants this process the tile state), layers with
+ * >= 32 input channels per group run on tiles: C[oc][px] += W[oc][64 channels] . X[16 quads][px]
+ * (TDPBSUD: signed weights, unsigned x ^ 0x80), 32 output channels x 32 pixels per unit (four C
+ * tiles). The B tiles are the phase quads themselves (row stride one quad plane): the phases
+ * get their quad planes rounded up to 16 per phase (the extra planes meet zero weights). */
+#if TORQ_VNNI && defined(__AMX_INT8__) && defined(__AMX_TILE__)
+#include <sys/syscall.h>
+#include <unistd.h>
+
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} amx_cfg;
+
+/* 1 when this process may use the tiles (asked once, by the caller, at load) */
+int torq_amx_init(void)
+{
+    return syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
+}
+
+static void amx_chunk(void *ctx, int i)
+{
+    const conv_job *j = ctx;
+    const torq_geom *g = j->g;
+    amx_cfg cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int t = 0; t < 8; t++) {
+        cfg.colsb[t] = 64;
+        cfg.rows[t] = 16;
+    }
+    _tile_loadconfig(&cfg);
+    int32_t cbuf[4][16][16] __attribute__((aligned(64)));
+    const int KB = j->CQs / 16, nvec = g->Lpad / 16, npb = (nvec + 1) / 2, OP = (j->OB + 1) / 2;
+    const size_t plane = (size_t)g->Lph * 4, phstride = plane * j->CQs;
+    const int total = OP * npb, end = (i + 1) * j->per < total ? (i + 1) * j->per : total;
+    const torq_rq qq = j->q, *q = &qq;
+    for (int u = i * j->per; u < end; u++) {
+        const int op = u / npb, pb = u % npb, p0 = pb * 32;
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+        const int8_t *w = j->w + (size_t)op * g->T * KB * 2048;
+        for (int t = 0; t < g->T; t++) {
+            const uint8_t *xb = j->ph + g->tap_ph[t] * phstride + (size_t)(g->tap_off[t] + p0) * 4;
+            for (int kb = 0; kb < KB; kb++, w += 2048, xb += 16 * plane) {
+                _tile_loadd(6, xb, plane);
+                _tile_loadd(7, xb + 64, plane);
+                _tile_loadd(4, w, 64);
+                _tile_loadd(5, w + 1024, 64);
+                _tile_dpbsud(0, 4, 6);
+                _tile_dpbsud(1, 4, 7);
+                _tile_dpbsud(2, 5, 6);
+                _tile_dpbsud(3, 5, 7);
+            }
+        }
+        _tile_stored(0, cbuf[0], 64);
+        _tile_stored(1, cbuf[1], 64);
+        _tile_stored(2, cbuf[2], 64);
+        _tile_stored(3, cbuf[3], 64);
+        for (int a = 0; a < 2; a++)
+            for (int r = 0; r < 16; r++) {
+                const int o = (op * 2 + a) * 16 + r;
+                if (o >= g->Og)
+                    break;
+                const __m512i adj = _mm512_set1_epi32(q->adj[o]);
+                for (int b = 0; b < 2 && pb * 2 + b < nvec; b++)
+                    tile_store(j->obuf + (size_t)o * j->ostride, p0 + 16 * b, (int)j->ostride,
+                               requant16(_mm512_add_epi32(_mm512_load_si512(cbuf[2 * a + b][r]), adj), o, q));
+            }
+    }
+    _tile_release();
+}
+
+/* As torq_conv_i8, on tiles; wamx [G][OB/2][T][CQ/16][2][16][64] (oc blocks of 16 in pairs,
+ * channel quads in blocks of 16, all zero-padded). */
+int torq_conv_amx_i8(const int8_t *x, int8_t *out, const int8_t *wamx, const torq_geom *g, const torq_rq *rq,
+                     int nthreads)
+{
+    conv_job j;
+    j.g = g;
+    j.CQ = (g->Cg + 3) / 4;
+    j.CQs = (j.CQ + 15) / 16 * 16;
+    j.OB = (g->Og + 15) / 16;                                  /* here: blocks of 16 channels */
+    const int OP = (j.OB + 1) / 2, npb = (g->Lpad / 16 + 1) / 2;
+    j.wblock = (size_t)OP * g->T * (j.CQs / 16) * 2048;         /* one group's weights */
+    uint8_t *scratch = thread_scratch((size_t)g->nph * j.CQs * g->Lph * 4 + (size_t)g->Og * g->Lpad);
+    j.ph = scratch;
+    j.per = OP * npb / (nthreads * 4) + 1;
+    const int direct = g->Wq == g->OW;
+    j.ostride = direct ? (size_t)g->L : (size_t)g->Lpad;
+    const int O = g->G * g->Og, nchunks = (OP * npb + j.per - 1) / j.per;
+    for (int n = 0; n < g->N; n++) {
+        for (int gi = 0; gi < g->G; gi++) {
+            j.x = x + (size_t)n * g->C * g->H * g->W;
+            j.c0 = gi * g->Cg;
+            j.w = wamx + (size_t)gi * j.wblock;
+            j.q = *rq;
+            j.q.adj += gi * g->Og;
+            j.q.mult += gi * g->Og;
+            j.q.scale += gi * g->Og;
+            j.out = out + ((size_t)n * O + gi * g->Og) * g->OH * g->OW;
+            j.obuf = direct ? j.out : (int8_t *)(scratch + (size_t)g->nph * j.CQs * g->Lph * 4);
+            torq_parallel_for(g->nph * j.CQ, pack_chunk, &j, nthreads);
+            torq_parallel_for(nchunks, amx_chunk, &j, nthreads);
+            if (!direct)
+                torq_parallel_for(g->Og, compact_chunk, &j, nthreads);
+        }
+    }
+    return 0;
+}
+#else
+int torq_amx_init(void)
+{
+    return 0;
+}
+
+int torq_conv_amx_i8(const int8_t *x, int8_t *out, const int8_t *wamx, const torq_geom *g, const torq_rq *rq,
+                     int nthreads)
+{
+    (void)x, (void)out, (void)wamx, (void)g, (void)rq, (void)nthreads;
+    return -1;
+}
+#endif
 
 /* ------------------------------------------------------------------ numerics check */
 

@@ -1,7 +1,21 @@
 /* The native engine's depthwise convolution and fully connected layer (see conv.c for the
- * exactness rules): depthwise in float32, exact because the caller checked 128 * sum|w| < 2**24
- * per channel; fully connected with 16 output channels per vector. */
+ * exactness rules). Depthwise: with AVX512-VBMI in integers (below); else in float32, exact
+ * because the caller checked 128 * sum|w| < 2**24 per channel. Fully connected: 16 output
+ * channels per vector. */
 #include "common.h"
+
+/* Depthwise in integers: the taps of a kernel are packed four to a dword ("quads"), each quad
+ * reading its pixels from at most two 64-byte windows of the u8 phase images (x ^ 0x80, as in
+ * conv.c); vpermb / vpermt2b lays the four tap pixels of each of 16 output pixels side by side
+ * and one vpdpbusd adds their four products. Which tap sits in which slot, and the byte
+ * indices, are computed by the caller (runtime/native/ops.py, ``_dw_quads``). */
+typedef struct {
+    int32_t nq;                 /* quads */
+    const int32_t *win;         /* [nq][4]: phase and offset of window A, of window B (phase -1: none) */
+    const uint8_t *idx;         /* [nq][64] byte indices into A (0..63) or B (64..127) */
+    const int32_t *wq;          /* [C][nq] four int8 weights per quad (0 in an empty slot) */
+} torq_dwq;
+
 
 /* ------------------------------------------------------------------ depthwise convolution */
 
@@ -33,6 +47,133 @@ static void dw_vectors_n(const float *ph, const torq_geom *g, const float *w, in
     default: dw_vectors(ph, g, w, p0, 1, adj, c, q, res); break;
     }
 }
+#endif
+
+#if TORQ_DW_INT
+/* P <= 8 vectors of 16 outputs from wide index p0, requantised into dst (the last vector
+ * masked by tail); P constant at each call, so the accumulators stay in registers. */
+static inline __attribute__((always_inline)) void
+dwq_run(const uint8_t *ph, const torq_geom *g, const torq_dwq *d, const int32_t *wq, int p0, int P, __m512i adj,
+        int c, const torq_rq *q, int8_t *dst, __mmask16 tail)
+{
+    __m512i acc[8];
+    for (int k = 0; k < P; k++)
+        acc[k] = adj;
+    for (int s = 0; s < d->nq; s++) {
+        const int32_t *wn = d->win + 4 * s;
+        const __m512i idx = _mm512_loadu_si512(d->idx + 64 * s), wv = _mm512_set1_epi32(wq[s]);
+        const uint8_t *a = ph + (size_t)wn[0] * g->Lph + wn[1] + p0;
+        if (wn[2] < 0) {
+            for (int k = 0; k < P; k++)
+                acc[k] = _mm512_dpbusd_epi32(acc[k], _mm512_permutexvar_epi8(idx, _mm512_loadu_si512(a + 16 * k)), wv);
+        } else {
+            const uint8_t *b = ph + (size_t)wn[2] * g->Lph + wn[3] + p0;
+            for (int k = 0; k < P; k++)
+                acc[k] = _mm512_dpbusd_epi32(acc[k], _mm512_permutex2var_epi8(_mm512_loadu_si512(a + 16 * k), idx,
+                                                                              _mm512_loadu_si512(b + 16 * k)), wv);
+        }
+    }
+    for (int k = 0; k < P; k++)
+        _mm_mask_storeu_epi8(dst + 16 * k, k == P - 1 ? tail : 0xFFFF, requant16(acc[k], c, q));
+}
+
+static void dwq_run_n(const uint8_t *ph, const torq_geom *g, const torq_dwq *d, const int32_t *wq, int p0, int P,
+                      __m512i adj, int c, const torq_rq *q, int8_t *dst, __mmask16 tail)
+{
+    switch (P) {
+    case 8: dwq_run(ph, g, d, wq, p0, 8, adj, c, q, dst, tail); break;
+    case 7: dwq_run(ph, g, d, wq, p0, 7, adj, c, q, dst, tail); break;
+    case 6: dwq_run(ph, g, d, wq, p0, 6, adj, c, q, dst, tail); break;
+    case 5: dwq_run(ph, g, d, wq, p0, 5, adj, c, q, dst, tail); break;
+    case 4: dwq_run(ph, g, d, wq, p0, 4, adj, c, q, dst, tail); break;
+    case 3: dwq_run(ph, g, d, wq, p0, 3, adj, c, q, dst, tail); break;
+    case 2: dwq_run(ph, g, d, wq, p0, 2, adj, c, q, dst, tail); break;
+    default: dwq_run(ph, g, d, wq, p0, 1, adj, c, q, dst, tail); break;
+    }
+}
+
+static inline __mmask64 bytes_mask(int n)
+{
+    return n >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << n) - 1);
+}
+
+/* dst[i] = src[i * sw] ^ 0x80 for i < n */
+static void gather_xor(uint8_t *dst, const int8_t *src, int n, int sw)
+{
+    const __m512i f = _mm512_set1_epi8((char)0x80);
+    int i = 0;
+    if (sw == 1) {
+        for (; i < n; i += 64) {
+            const __mmask64 m = bytes_mask(n - i);
+            _mm512_mask_storeu_epi8(dst + i, m, _mm512_xor_si512(_mm512_maskz_loadu_epi8(m, src + i), f));
+        }
+        return;
+    }
+    if (sw == 2) {              /* the low byte of 32 int16 lanes: the even bytes */
+        for (; i < n; i += 32) {
+            const int cnt = n - i < 32 ? n - i : 32;
+            const __m512i v = _mm512_maskz_loadu_epi8(bytes_mask(2 * cnt - 1), src + 2 * i);
+            const __m256i e = _mm256_xor_si256(_mm512_cvtepi16_epi8(v), _mm512_castsi512_si256(f));
+            _mm256_mask_storeu_epi8(dst + i, (__mmask32)bytes_mask(cnt), e);
+        }
+        return;
+    }
+    for (; i < n; i++)
+        dst[i] = (uint8_t)src[i * sw] ^ 0x80;
+}
+
+/* One channel plane in integers: u8 phases (ph: nph x Lph bytes), requantised rows straight into
+ * dst (returns 1), or for planes narrower than a vector into the wide row obuf [Lpad] (returns 0). */
+/* The phase images of one plane: the padding is written once per thread and geometry (fresh
+ * == 1), the pixels of every plane. */
+static void dwq_pack(const int8_t *x, const torq_geom *g, uint8_t *ph, int fresh)
+{
+    const uint8_t padu = (uint8_t)g->padv ^ 0x80;
+    if (fresh)
+        memset(ph, padu, (size_t)g->nph * g->Lph);
+    for (int k = 0; k < g->nph; k++) {
+        const int a = g->ph_ab[2 * k], b = g->ph_ab[2 * k + 1];
+        int q0, q1;
+        col_range(g, b, &q0, &q1);
+        const int r0 = (g->pt - a + g->sh - 1) / g->sh > 0 ? (g->pt - a + g->sh - 1) / g->sh : 0;
+        for (int r = r0; r < g->rows; r++) {
+            const int y = r * g->sh + a - g->pt;
+            if (y >= g->H)
+                break;
+            gather_xor(ph + (size_t)k * g->Lph + (size_t)r * g->Wq + q0, x + (size_t)y * g->W + q0 * g->sw + b - g->pl,
+                       q1 - q0, g->sw);
+        }
+    }
+}
+
+static int dwq_plane(const int8_t *x, const torq_dwq *d, const torq_geom *g, int c, const torq_rq *rq, uint8_t *ph,
+                     int fresh, int8_t *obuf, int8_t *dst)
+{
+    const torq_rq qq = *rq, *q = &qq;   /* a local copy: the byte stores below cannot alias it */
+    dwq_pack(x, g, ph, fresh);
+    const int32_t *wq = d->wq + (size_t)c * d->nq;
+    const __m512i adj = _mm512_set1_epi32(q->adj[c]);
+    if (g->OW >= 16) {
+        const int nv = (g->OW + 15) / 16;
+        const __mmask16 tail = (__mmask16)((1u << (g->OW - 16 * (nv - 1))) - 1);
+        for (int r = 0; r < g->OH; r++)
+            for (int v0 = 0; v0 < nv; v0 += 8) {
+                const int P = nv - v0 < 8 ? nv - v0 : 8;
+                dwq_run_n(ph, g, d, wq, r * g->Wq + 16 * v0, P, adj, c, q, dst + (size_t)r * g->OW + 16 * v0,
+                          v0 + P == nv ? tail : 0xFFFF);
+            }
+        return 1;
+    }
+    for (int p0 = 0; p0 < g->Lpad; p0 += 128) {
+        const int P = (g->Lpad - p0) >= 128 ? 8 : (g->Lpad - p0) / 16;
+        dwq_run_n(ph, g, d, wq, p0, P, adj, c, q, obuf + p0, 0xFFFF);
+    }
+    const __mmask16 m = (__mmask16)((1u << g->OW) - 1);
+    for (int r = 0; r < g->OH; r++)
+        _mm_mask_storeu_epi8(dst + (size_t)r * g->OW, m, _mm_loadu_si128((const __m128i *)(obuf + (size_t)r * g->Wq)));
+    return 1;
+}
+
 #endif
 
 /* One channel plane: float phases, float accumulation (exact: the caller bounds every partial
@@ -134,27 +275,47 @@ typedef struct {
     const int8_t *x;
     int8_t *out;
     const float *wf;
+    const torq_dwq *dq;
     const torq_geom *g;
     const torq_rq *rq;
 } dw_job;
 
-/* one channel plane of one image; each thread keeps its scratch (phases, wide row) */
+/* one channel plane of one image; each thread keeps its scratch (phases, wide row), and which
+ * geometry's padding the integer path's phases hold (written once, not per plane) */
 static void dw_chunk(void *ctx, int i)
 {
-    static _Thread_local uint8_t *buf;
-    static _Thread_local size_t cap;
+    static _Thread_local struct {
+        uint8_t *buf;
+        size_t cap;
+        int64_t padded;
+    } tls;
+    __typeof__(tls) *t = &tls;          /* one thread-local lookup per plane */
     const dw_job *j = ctx;
     const torq_geom *g = j->g;
     const size_t phb = (size_t)g->nph * g->Lph * sizeof(float), need = phb + g->Lpad + 64;
-    if (cap < need) {
-        free(buf);
-        buf = malloc(need);
-        cap = buf ? need : 0;
-        if (!buf)
+    if (t->cap < need) {
+        free(t->buf);
+        t->buf = malloc(need);
+        t->cap = t->buf ? need : 0;
+        t->padded = 0;
+        if (!t->buf)
             abort();
     }
+    uint8_t *buf = t->buf;
     const int c = i % g->C;
     int8_t *dst = j->out + (size_t)i * g->OH * g->OW;
+#if TORQ_DW_INT
+    if (i + 1 < g->N * g->C) {          /* the next plane (likely this thread's next chunk) */
+        const char *nx = (const char *)(j->x + (size_t)(i + 1) * g->H * g->W);
+        for (size_t o = 0; o < (size_t)g->H * g->W; o += 64)
+            _mm_prefetch(nx + o, _MM_HINT_T1);
+    }
+    const int fresh = t->padded != g->id;
+    t->padded = g->id;
+    dwq_plane(j->x + (size_t)i * g->H * g->W, j->dq, g, c, j->rq, buf, fresh,
+              (int8_t *)(buf + (size_t)g->nph * g->Lph), dst);
+    return;
+#endif
     if (dw_plane(j->x + (size_t)i * g->H * g->W, j->wf + (size_t)c * g->T, g, c, j->rq, (float *)buf,
                  (int8_t *)(buf + phb), dst))
         return;
@@ -162,10 +323,12 @@ static void dw_chunk(void *ctx, int i)
         memcpy(dst + (size_t)r * g->OW, buf + phb + (size_t)r * g->Wq, g->OW);
 }
 
-/* x [N][C][H][W] -> out [N][C][OH][OW]; wf [C][T] float weights. */
-int torq_dw_i8(const int8_t *x, int8_t *out, const float *wf, const torq_geom *g, const torq_rq *rq, int nthreads)
+/* x [N][C][H][W] -> out [N][C][OH][OW]; wf [C][T] float weights (float path), dq the quads
+ * (integer path). */
+int torq_dw_i8(const int8_t *x, int8_t *out, const float *wf, const torq_dwq *dq, const torq_geom *g,
+               const torq_rq *rq, int nthreads)
 {
-    dw_job j = {x, out, wf, g, rq};
+    dw_job j = {x, out, wf, dq, g, rq};
     torq_parallel_for(g->N * g->C, dw_chunk, &j, nthreads);
     return 0;
 }

@@ -1,5 +1,6 @@
 """Native kernels of the torq_hl ops the engine compiles: int8 conv2d / depthwise_conv2d /
-fully_connected with their rescale fused (``conv.c``, ``depthwise.c``).
+fully_connected with their rescale fused (``conv.c``, ``depthwise.c``); add / global average
+pool / max pool come from ``eltwise.py``.
 
 ``make(step, rtype, reference)`` returns the step function ``fn(args, rounding)`` of the native
 engine, or None when the op is not one it compiles; ``fn`` itself hands a call to the reference
@@ -12,6 +13,7 @@ the native output against the plain numpy formula.
 from __future__ import annotations
 
 import ctypes
+import itertools
 import threading
 import weakref
 
@@ -21,11 +23,13 @@ from ... import numerics
 from ..kernels import conv_out_size
 from ..kernels.gemm import _pads
 from ..ops import _cached_plan
-from .build import TorqGeom, TorqRq, library
+from .build import TorqDwq, TorqGeom, TorqRq, amx, int_depthwise, library
 
 R = 8                                   # output channels per register block (the C kernels)
+AMX_MIN_CHANNELS = 32                   # input channels per group from which a conv runs on AMX tiles
 _F24 = (1 << 24) - 1
 _local = threading.local()
+_GEOMETRY_IDS = itertools.count(1)       # torq_geom.id: never reused in a process
 
 
 def set_threads(n: int) -> None:
@@ -118,10 +122,63 @@ class _Geometry:
         self.ph_ab = np.array(phases, dtype=np.int32).reshape(-1)
         self.tap_ph = np.array([phases.index((a, b)) for _, a, _, b in taps], dtype=np.int32)
         self.tap_off = np.array(offs, dtype=np.int32)
-        self.Lph = Lpad + -(-max(offs) // 16) * 16 + 16
+        self.Lph = Lpad + -(-max(offs) // 16) * 16 + 64      # a 64-byte load at any tap of any vector
+        self.taps = [(ph, off) for ph, off in zip(self.tap_ph.tolist(), offs)]
+        self.Wq = Wq
         self.struct = TorqGeom(N, C, H, W, groups, Cg, O // groups, OH, OW, len(taps), len(phases), OH + mri, Wq,
                                sh, sw, pt, pl, int(pad_value), L, Lpad, self.Lph,
-                               _ptr(self.ph_ab), _ptr(self.tap_ph), _ptr(self.tap_off))
+                               _ptr(self.ph_ab), _ptr(self.tap_ph), _ptr(self.tap_off), next(_GEOMETRY_IDS))
+        self.ref = ctypes.pointer(self.struct)
+
+
+def _dw_quads(taps: list, Wq: int) -> tuple[list, list]:
+    """Depthwise taps ``[(phase, offset)]`` packed four to a quad for the integer kernel
+    (``torq_dwq``): ``(windows, slots)`` per quad, windows ``[(phase, base)]`` (at most two, each
+    read as 64 bytes from base + p0), slots ``[(tap, window, offset - base)]`` (at most four).
+
+    The taps of one phase row (same phase, same offset // Wq) form segments of <= 4 taps within
+    48 bytes (16 lanes + the span fit a 64-byte window); segments are packed first-fit
+    decreasing, two per quad at most (two source registers of vpermt2b)."""
+    rows: dict = {}
+    for t, (ph, off) in enumerate(taps):
+        rows.setdefault((ph, off // Wq), []).append((off, t))
+    segments = []
+    for key in sorted(rows):
+        seg: list = []
+        for off, t in sorted(rows[key]):
+            if seg and (len(seg) == 4 or off - seg[0][0] > 48):
+                segments.append((key[0], seg))
+                seg = []
+            seg.append((off, t))
+        segments.append((key[0], seg))
+    quads: list = []
+    for ph, seg in sorted(segments, key=lambda s: -len(s[1])):
+        q = next((q for q in quads if len(q) < 2 and sum(len(s) for _, s in q) + len(seg) <= 4), None)
+        if q is None:
+            quads.append(q := [])
+        q.append((ph, seg))
+    return ([[(ph, seg[0][0]) for ph, seg in q] for q in quads],
+            [[(t, w, off - seg[0][0]) for w, (_, seg) in enumerate(q) for off, t in seg] for q in quads])
+
+
+class _DwQuads:
+    """The integer depthwise kernel's view of one geometry: quads, byte indices, packed weights."""
+
+    def __init__(self, geo: "_Geometry", w64: np.ndarray):
+        windows, slots = _dw_quads(geo.taps, geo.Wq)
+        nq, C = len(windows), w64.shape[0]
+        self.win = np.full((nq, 4), -1, dtype=np.int32)
+        self.idx = np.zeros((nq, 16, 4), dtype=np.uint8)
+        wq = np.zeros((C, nq, 4), dtype=np.int8)
+        wt = w64.reshape(C, -1)
+        lane = np.arange(16)
+        for i, (wins, sl) in enumerate(zip(windows, slots)):
+            self.win[i, :2 * len(wins)] = np.array(wins, dtype=np.int32).reshape(-1)
+            for s, (t, w, rel) in enumerate(sl):
+                self.idx[i, :, s] = 64 * w + rel + lane
+                wq[:, i, s] = wt[:, t]
+        self.wq = np.ascontiguousarray(wq).view(np.int32).reshape(C, nq)
+        self.struct = TorqDwq(nq, _ptr(self.win), _ptr(self.idx), _ptr(self.wq))
         self.ref = ctypes.pointer(self.struct)
 
 
@@ -149,13 +206,18 @@ class ConvNative:
                    and (w64.size == 0 or (int(w64.min()) >= -128 and int(w64.max()) <= 127)))
         if not self.ok:
             return
-        if self.depthwise:
+        self.int_dw, self.amx = self.depthwise and int_depthwise(), False
+        if self.depthwise and not self.int_dw:      # float32 path: exact while partial sums < 2**24
             T = KH * KW
             self.ok = int(np.abs(w64).reshape(O, T).sum(axis=1).max(initial=0)) * 128 <= _F24
             self.wpack = np.ascontiguousarray(w64.reshape(O, T), dtype=np.float32)
             adj = bias
+        elif self.depthwise:                        # u8 phases and quads per geometry (_DwQuads)
+            self.w64, self.wpack = w64, np.zeros(1, np.float32)
+            adj = bias - 128 * w64.reshape(O, -1).sum(axis=1)
         else:
-            self.wpack = _pack_conv(w64, G)
+            self.amx = Cg >= AMX_MIN_CHANNELS and amx()
+            self.wpack = _pack_amx(w64, G) if self.amx else _pack_conv(w64, G)
             adj = bias - 128 * w64.reshape(O, -1).sum(axis=1)
         self.wptr, self.lib, self.outputs = _ptr(self.wpack), library(), _Outputs()
         self.rq = Requant(attrs, sb, adj, O)
@@ -165,8 +227,10 @@ class ConvNative:
     def geometry(self, shape) -> _Geometry:
         g = self._geoms.get(shape)
         if g is None:
-            g = self._geoms[shape] = _Geometry(shape, self.wshape, self.groups, self.pads, self.stride,
-                                               self.dilation, self.pad_value)
+            g = _Geometry(shape, self.wshape, self.groups, self.pads, self.stride, self.dilation, self.pad_value)
+            g.dwq = _DwQuads(g, self.w64) if self.int_dw and g.ok else None     # owns the arrays
+            g.quads = g.dwq.ref if g.dwq is not None else None
+            self._geoms[shape] = g
         return g
 
     def __call__(self, x: np.ndarray, rounding: str) -> np.ndarray:
@@ -175,7 +239,9 @@ class ConvNative:
         geo = self._geoms.get(x.shape) or self.geometry(x.shape)
         out, addr = self.outputs.get(geo.out_shape)
         if self.depthwise:
-            self.lib.torq_dw_i8(_address(x), addr, self.wptr, geo.ref, self.rq.refs[rounding], _threads())
+            self.lib.torq_dw_i8(_address(x), addr, self.wptr, geo.quads, geo.ref, self.rq.refs[rounding], _threads())
+        elif self.amx:
+            self.lib.torq_conv_amx_i8(_address(x), addr, self.wptr, geo.ref, self.rq.refs[rounding], _threads())
         else:
             self.lib.torq_conv_i8(_address(x), addr, self.wptr, geo.ref, self.rq.refs[rounding], _threads())
         return out
@@ -189,6 +255,17 @@ def _pack_conv(w64: np.ndarray, G: int) -> np.ndarray:
     buf = np.zeros((G, OB * R, T, CQ * 4), dtype=np.int8)
     buf[:, :Og, :, :Cg] = w64.reshape(G, Og, Cg, T).transpose(0, 1, 3, 2)
     return np.ascontiguousarray(buf.reshape(G, OB, R, T, CQ, 4).transpose(0, 1, 3, 4, 2, 5))
+
+
+def _pack_amx(w64: np.ndarray, G: int) -> np.ndarray:
+    """[O, Cg, KH, KW] -> [G][OB/2][T][CQ/16][2][16][64] int8: AMX A tiles of 16 output channels
+    x 64 input channels, output channel blocks in pairs (zero-padded)."""
+    O, Cg, KH, KW = w64.shape
+    Og, T = O // G, KH * KW
+    OP, KB = -(-Og // 32), -(-Cg // 64)
+    buf = np.zeros((G, OP * 32, T, KB * 64), dtype=np.int8)
+    buf[:, :Og, :, :Cg] = w64.reshape(G, Og, Cg, T).transpose(0, 1, 3, 2)
+    return np.ascontiguousarray(buf.reshape(G, OP, 2, 16, T, KB, 64).transpose(0, 1, 4, 5, 2, 3, 6))
 
 
 class FcNative:
@@ -244,10 +321,13 @@ def make(st, rtype, reference):
     if library() is None:
         return None
     op = st.op[len("torq_hl."):] if st.op.startswith("torq_hl.") else None
+    from .eltwise import MAKERS         # (it builds on this module's buffers)
     if op in ("conv2d", "depthwise_conv2d"):
         fn = _native_step(ConvNative, st, rtype, reference)
     elif op == "fully_connected":
         fn = _native_step(FcNative, st, rtype, reference)
+    elif op in MAKERS:
+        fn = MAKERS[op](st, rtype, reference)
     else:
         return None
     if fn is not None:
