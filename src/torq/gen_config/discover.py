@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import signal
 import sys
 import time
 from dataclasses import dataclass, field
@@ -27,6 +28,9 @@ from .options import (QuantSettings, add_common_args, cache_dir, check_output_di
 
 
 SAVE_EVERY_S = 1.0
+#: Fault injection for tests: ``TORQ_DISCOVER_KILL_AFTER=N`` makes discover SIGKILL itself once N
+#: layers are on disk (a discover killed mid-way, at a known point whatever the machine's speed).
+_KILL_AFTER = int(os.environ["TORQ_DISCOVER_KILL_AFTER"]) if os.environ.get("TORQ_DISCOVER_KILL_AFTER") else None
 
 
 @dataclass
@@ -212,7 +216,9 @@ def _discover(opts: DiscoverOptions, layers, build_full, path: Path, progress) -
                 from ..quantize.recipe import layer_precision
                 entry["precision"] = layer_precision(opts.quant.recipe, layer.node_name)
             _fill(ctx, layer, entry, why, results)
-            _save(ctx)
+            _save(ctx, final=_KILL_AFTER is not None)
+            if _KILL_AFTER is not None and len(ctx.done) >= _KILL_AFTER:
+                os.kill(os.getpid(), signal.SIGKILL)     # fault injection: die with N layers on disk
     if progress:
         progress(len(layers), len(layers), "")
     ctx.report["discovery_report"]["summary"].update(computed=ctx.computed, from_cache=ctx.cache.hits)
