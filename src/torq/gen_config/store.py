@@ -138,11 +138,14 @@ def read(path: Path) -> dict | None:
 
 def update(path: Path, change, keep_compiler_extras: bool = False) -> dict:
     """``change(report on disk or None) -> report`` under the lock; writes and returns it
-    (``keep_compiler_extras``: see ``schema.save``)."""
+    (``keep_compiler_extras``: see ``schema.save``). A change that leaves the report as it is on
+    disk writes nothing (a command refused later leaves the files as they were)."""
     with write_lock(path):
         disk = read(path)
         before = copy.deepcopy(disk)
         report = change(disk)
+        if before is not None and report == before and schema.compiler_path(path).exists():
+            return report
         _mark_stale(before, report)
         try:
             schema.save(report, path, keep_compiler_extras=keep_compiler_extras)
