@@ -9,13 +9,12 @@ fingerprint inside it, when present, is still checked; every other key (the refe
 from __future__ import annotations
 
 import fnmatch
-import json
 from pathlib import Path
 
 from ..errors import TorqError
 from ..fileio import atomic_write_json
 from .executors import EXECUTOR_ORDER
-from .schema import is_location
+from .schema import is_location, read_json
 
 UNASSIGNED = ("null", "none")
 
@@ -23,14 +22,7 @@ UNASSIGNED = ("null", "none")
 def load(path: str | Path) -> dict:
     """Read and check a compiler JSON: ``op_assignments`` of ``LINE:COL`` -> {"executor": ...}."""
     path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError) as e:
-        raise TorqError(f"{path}: cannot read: {getattr(e, 'strerror', None) or e}") from None
-    except json.JSONDecodeError as e:
-        raise TorqError(f"{path}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
-    except (ValueError, RecursionError) as e:   # a 5,000-digit integer, 100,000 nested arrays
-        raise TorqError(f"{path}: not a readable JSON ({type(e).__name__})") from None
+    data = read_json(path, "compiler JSON")
     if not isinstance(data, dict) or not isinstance(data.get("op_assignments"), dict):
         raise TorqError(f"{path}: not a compiler JSON (no 'op_assignments' object)")
     for loc, a in data["op_assignments"].items():

@@ -150,19 +150,25 @@ def save(report: dict, path: Path, keep_compiler_extras: bool = False) -> None:
     atomic_write_json(compiler_path(path), comp)
 
 
+def read_json(path: Path, what: str):
+    """The JSON at ``path`` (a report or a compiler JSON), or a one-line error naming the file for
+    damage of any kind: unreadable bytes, bad syntax, a 5,000-digit integer, 100,000 nested arrays."""
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise TorqError(f"{path}: no such {what} (run 'torq-gen-config discover' first)") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise TorqError(f"{path}: cannot read: {getattr(e, 'strerror', None) or e}") from None
+    except json.JSONDecodeError as e:
+        raise TorqError(f"{path}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+    except (ValueError, RecursionError) as e:
+        raise TorqError(f"{path}: not a usable JSON {what} ({type(e).__name__}: {str(e)[:80]})") from None
+
+
 def load(path: str | Path) -> dict:
     """Read a report JSON, refusing anything that is not one (with the file and the field named)."""
     path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise TorqError(f"{path}: no such report (run 'torq-gen-config discover' first)") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise TorqError(f"{path}: cannot read: {e}") from None
-    except json.JSONDecodeError as e:
-        raise TorqError(f"{path}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
-    except (ValueError, RecursionError) as e:   # a 5,000-digit integer, 100,000 nested arrays
-        raise TorqError(f"{path}: not a usable JSON report ({type(e).__name__}: {str(e)[:80]})") from None
+    data = read_json(path, "report")
     if not isinstance(data, dict):
         raise TorqError(f"{path}: not a torq-gen-config report (top level is not an object)")
     if "ops" not in data:
