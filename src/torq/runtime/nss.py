@@ -27,6 +27,7 @@ from . import native
 from .movement import DATA_MOVEMENT
 from .float_ops import FLOAT_OPS, is_float_step
 from .native import ops as native_ops
+from .native import plan as native_plan
 from .native import ENGINES
 from .ops import OPS
 
@@ -63,6 +64,7 @@ class Simulator:
             with _from_file(program, st):
                 self.kernels.append(self._bind(st, engine))
         self._pool: ThreadPoolExecutor | None = None
+        self._plans: dict = {}          # recorded native runs (runtime.native.plan), per thread and input form
 
     @property
     def native_steps(self) -> int:
@@ -71,7 +73,7 @@ class Simulator:
 
     def __getstate__(self):
         """Picklable / copyable: the thread pool of ``run_many`` is not carried along."""
-        return {**self.__dict__, "_pool": None}
+        return {**self.__dict__, "_pool": None, "_plans": {}}
 
     @staticmethod
     def _bind(st: Step, engine: str = "reference") -> _Kernel:
@@ -108,23 +110,52 @@ class Simulator:
             env[port.slot] = x
         for s, v in p.constants.items():
             env[s] = v
-        diffs = []
-        native_ops.set_threads(threads or usable_cores())
+        n = threads or usable_cores()
+        native_ops.set_threads(n)
+        key = None if explain or self.engine != "native" else native_plan.key(inputs, rounding)
         with single_thread_run():        # small GEMMs on one BLAS thread, switched once per run
-            for k in self.kernels:
-                st = k.step
-                args = [env[a] for a in st.args]
-                with _from_file(p, st):
-                    out = k.fn(args, rounding)
-                _check_result(out, k)
-                env[st.out] = out
-                if explain and k.check is not None:
-                    ort = (ort_at or {}).get(st.out)
-                    given = {} if ort is None else {"ort": ort}
-                    diffs.append(OpDiff(st.op, st.location, rounding, *k.check(args, out, rounding, **given)))
+            diffs = self._execute(env, rounding, n, key, explain, ort_at)
         # copies: a native step's output buffer is reused by the next run (runtime.native.ops)
         outs = [np.array(env[o.slot], dtype=np_dtype(o.dtype), copy=True) for o in p.outputs]
         return (outs, diffs) if explain else outs
+
+    def _execute(self, env: list, rounding: str, threads: int, key, explain: bool, ort_at) -> list:
+        """Every step on env: replayed from the plan recorded for ``key`` when there is one
+        (``runtime.native.plan``), else step by step, recording that plan (key None: no plan).
+        Returns the per-op checks of an explain run."""
+        plan = self._plans.get(key) if key is not None else None
+        if plan is not None:
+            try:
+                plan.run(env, threads, lambda i: self._step(i, env, rounding))
+                return []
+            except native_plan.Stale:
+                del self._plans[key]
+        diffs: list = []
+        with native_plan.Recorder() if key is not None else contextlib.nullcontext() as rec:
+            for i in range(len(self.kernels)):
+                first = len(rec.calls) if rec is not None else 0
+                args, out = self._step(i, env, rounding, explain, ort_at, diffs)
+                if rec is not None:
+                    rec.step(i, first, args, out, native_ops.persistent)
+        if rec is not None:
+            self._plans[key] = rec.plan(self.kernels)
+        return diffs
+
+    def _step(self, i: int, env: list, rounding: str, explain: bool = False, ort_at: dict | None = None,
+              diffs: list | None = None):
+        """Step i on env (its result stored there); with explain its per-op check into diffs."""
+        k = self.kernels[i]
+        st = k.step
+        args = [env[a] for a in st.args]
+        with _from_file(self.program, st):
+            out = k.fn(args, rounding)
+        _check_result(out, k)
+        env[st.out] = out
+        if explain and k.check is not None:
+            ort = (ort_at or {}).get(st.out)
+            given = {} if ort is None else {"ort": ort}
+            diffs.append(OpDiff(st.op, st.location, rounding, *k.check(args, out, rounding, **given)))
+        return args, out
 
     def run_many(self, calls: list[list[np.ndarray]], rounding: str = "native",
                  threads: int | None = None, explain: bool = False) -> list:

@@ -1,4 +1,4 @@
-"""Build the native kernels (``conv.c``, ``depthwise.c``, ``eltwise.c``, ``pool.c``) for this CPU once, cache the library by content.
+"""Build the native kernels (``conv.c``, ``depthwise.c``, ``eltwise.c``, ``plan.c``, ``pool.c``) for this CPU once, cache the library by content.
 
 The C source is compiled at first use with the system C compiler (``$CC``, else ``cc`` /
 ``gcc`` / ``clang``) for the host CPU (``-march=native``: AVX512-VNNI where the CPU has it, a
@@ -25,9 +25,9 @@ import threading
 from pathlib import Path
 
 _HERE = Path(__file__).resolve().parent
-SOURCES = (_HERE / "conv.c", _HERE / "depthwise.c", _HERE / "eltwise.c", _HERE / "pool.c", _HERE / "common.h",
-           _HERE / "pool.h", _HERE.parent.parent / "numerics" / "act.h")
-_UNITS = SOURCES[:4]
+SOURCES = (_HERE / "conv.c", _HERE / "depthwise.c", _HERE / "eltwise.c", _HERE / "plan.c", _HERE / "pool.c",
+           _HERE / "common.h", _HERE / "pool.h", _HERE.parent.parent / "numerics" / "act.h")
+_UNITS = SOURCES[:5]
 _BASE_FLAGS = ["-O3", "-std=gnu11", "-fPIC", "-shared", "-pthread", "-ffp-contract=off", "-fno-strict-aliasing"]
 
 _lock = threading.Lock()
@@ -167,7 +167,8 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.torq_add_i8.argtypes = [p, p, p, ctypes.c_long] + [i] * 8
     lib.torq_gap_i8.argtypes = [p, p, ctypes.c_long, ctypes.c_long, i, ctypes.c_int64] + [i] * 6 + [ctypes.c_float]
     lib.torq_maxpool_i8.argtypes = [p, p, i, p, i]
-    for fn in (lib.torq_conv_i8, lib.torq_conv_amx_i8, lib.torq_dw_i8, lib.torq_fc_i8, lib.torq_requant_i8,
+    lib.torq_run_calls.argtypes = [p, i, i]
+    for fn in (lib.torq_run_calls, lib.torq_conv_i8, lib.torq_conv_amx_i8, lib.torq_dw_i8, lib.torq_fc_i8, lib.torq_requant_i8,
                lib.torq_features, lib.torq_amx_init, lib.torq_add_i8, lib.torq_gap_i8, lib.torq_maxpool_i8):
         fn.restype = i
     lib.amx = bool(lib.torq_features() & 4) and os.environ.get("TORQ_NATIVE_AMX", "1") != "0" and bool(lib.torq_amx_init())

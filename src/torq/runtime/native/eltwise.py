@@ -8,7 +8,7 @@ import numpy as np
 
 from ... import numerics
 from ..kernels.gemm import _pads, conv_out_size
-from .build import library
+from .plan import kernels
 from .ops import _Outputs, _threads
 
 _I32 = (numerics.INT32_MIN, numerics.INT32_MAX)
@@ -31,7 +31,7 @@ def make_add(st, rtype, reference):
             and all(_I32[0] <= m <= _I32[1] for m in (ma, mb)) and abs(za) < 1 << 16 and abs(zb) < 1 << 16
             and abs(zc) < 1 << 16):
         return None
-    lib, outputs = library(), _Outputs()
+    lib, outputs = kernels(), _Outputs()
 
     def fn(args, rounding):
         x, y = args
@@ -57,7 +57,7 @@ def make_global_avgpool(st, rtype, reference):
     m, s, nte = numerics.global_avgpool_act(xs, ys, n, zy, bool(a.get("round_ties_even", 0)))
     scale = float(numerics.global_avgpool_scale(n, xs, ys))
     native_ok = _I32[0] <= m <= _I32[1] and 0 <= s <= 62
-    lib, outputs = library(), _Outputs()
+    lib, outputs = kernels(), _Outputs()
 
     def fn(args, rounding):
         (x,) = args
@@ -80,7 +80,7 @@ def make_maxpool(st, rtype, reference):
     pl, pr, pt, pb = _pads(list(a["pad"]))
     if not (np.dtype(rtype) == np.int8 and 0 < kh <= 64 and kw > 0 and min(sh, sw, dh, dw) > 0):
         return None
-    lib, outputs = library(), _Outputs()
+    lib, outputs, geos = kernels(), _Outputs(), {}
 
     def fn(args, rounding):
         (x,) = args
@@ -91,7 +91,9 @@ def make_maxpool(st, rtype, reference):
         OH, OW = conv_out_size(H, kh, sh, dh, pt, pb), conv_out_size(W, kw, sw, dw, pl, pr)
         if OH <= 0 or OW <= 0:
             return reference(args, rounding)
-        geo = np.array([H, W, kh, kw, sh, sw, dh, dw, pt, pl, OH, OW], dtype=np.int32)
+        geo = geos.get((H, W))         # kept: a recorded call (plan.py) holds its address
+        if geo is None:
+            geo = geos[(H, W)] = np.array([H, W, kh, kw, sh, sw, dh, dw, pt, pl, OH, OW], dtype=np.int32)
         out, addr = outputs.get((N, C, OH, OW))
         lib.torq_maxpool_i8(x.ctypes.data, addr, N * C, geo.ctypes.data, _threads())
         return out

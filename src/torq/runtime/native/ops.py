@@ -24,6 +24,7 @@ from ..kernels import conv_out_size
 from ..kernels.gemm import _pads
 from ..ops import _cached_plan
 from .build import TorqDwq, TorqGeom, TorqRq, amx, int_depthwise, library
+from .plan import kernels
 
 R = 8                                   # output channels per register block (the C kernels)
 AMX_MIN_CHANNELS = 32                   # input channels per group from which a conv runs on AMX tiles
@@ -65,6 +66,16 @@ class _Outputs:
                 known.clear()
             known[id(arr)] = (weakref.ref(arr), b[1])
         return b
+
+
+def persistent(a: np.ndarray) -> bool:
+    """Whether a is one of this thread's step output buffers (or a view of one)."""
+    known = _local.__dict__.get("addrs", {})
+    for b in (a, a.base):
+        entry = known.get(id(b)) if b is not None else None
+        if entry is not None and entry[0]() is b:
+            return True
+    return False
 
 
 def _address(x: np.ndarray) -> int:
@@ -219,7 +230,7 @@ class ConvNative:
             self.amx = Cg >= AMX_MIN_CHANNELS and amx()
             self.wpack = _pack_amx(w64, G) if self.amx else _pack_conv(w64, G)
             adj = bias - 128 * w64.reshape(O, -1).sum(axis=1)
-        self.wptr, self.lib, self.outputs = _ptr(self.wpack), library(), _Outputs()
+        self.wptr, self.lib, self.outputs = _ptr(self.wpack), kernels(), _Outputs()
         self.rq = Requant(attrs, sb, adj, O)
         self.ok = self.ok and self.rq.ok
         self._geoms: dict = {}
@@ -285,7 +296,7 @@ class FcNative:
         buf = np.zeros((OB * 16, KQ * 4), dtype=np.int8)
         buf[:O, :K] = w64
         self.wpack = np.ascontiguousarray(buf.reshape(OB, 16, KQ, 4).transpose(0, 2, 1, 3))
-        self.wptr, self.lib, self.outputs = _ptr(self.wpack), library(), _Outputs()
+        self.wptr, self.lib, self.outputs = _ptr(self.wpack), kernels(), _Outputs()
         self.rq = Requant(attrs, sb, bias - 128 * w64.sum(axis=1), O)
         self.ok = self.rq.ok
 
