@@ -16,6 +16,7 @@
  * columns are computed and dropped). Lanes are 16 output pixels, registers hold 8 output
  * channels x 1-3 pixel vectors; weights are broadcast 4 bytes (one channel quad) at a time.
  */
+#include <stdatomic.h>
 #include "common.h"
 
 /* bit 0: AVX512-VNNI kernels; bit 1: depthwise in integers (else float32, bounded weights);
@@ -229,12 +230,21 @@ typedef struct {
     int8_t *obuf, *out;             /* tiles write obuf (stride ostride); out: the group's planes */
     size_t ostride, wblock;
     int c0, CQ, CQs, OB, ntiles, n3, rest, per;   /* CQs: quad planes per phase; per: tiles per chunk */
+    _Alignas(64) atomic_int next;   /* AMX: the next unit to claim (a cache line of its own) */
+    char pad[60];
 } conv_job;
 
-static void pack_chunk(void *ctx, int i)
+static void pack_range(void *ctx, int begin, int end)
 {
     const conv_job *j = ctx;
-    pack_phase(j->x, j->g, j->c0, j->ph, i / j->CQ, i % j->CQ, j->CQs);
+    for (int i = begin; i < end; i++)
+        pack_phase(j->x, j->g, j->c0, j->ph, i / j->CQ, i % j->CQ, j->CQs);
+}
+
+/* quad planes per claim: >= 16 KB of packing */
+static int pack_grain(const torq_geom *g)
+{
+    return 16384 / (g->Lph * 4 + 1) + 1;
 }
 
 static void tiles_chunk(void *ctx, int i)
@@ -258,13 +268,15 @@ static void tiles_chunk(void *ctx, int i)
     }
 }
 
-static void compact_chunk(void *ctx, int o)
+static void compact_range(void *ctx, int begin, int end)
 {
     const conv_job *j = ctx;
     const torq_geom *g = j->g;
-    int8_t *dst = j->out + (size_t)o * g->OH * g->OW;
-    for (int r = 0; r < g->OH; r++)
-        memcpy(dst + (size_t)r * g->OW, j->obuf + (size_t)o * g->Lpad + (size_t)r * g->Wq, g->OW);
+    for (int o = begin; o < end; o++) {
+        int8_t *dst = j->out + (size_t)o * g->OH * g->OW;
+        for (int r = 0; r < g->OH; r++)
+            memcpy(dst + (size_t)r * g->OW, j->obuf + (size_t)o * g->Lpad + (size_t)r * g->Wq, g->OW);
+    }
 }
 
 /* x [N][C][H][W] int8 -> out [N][G*Og][OH][OW] int8. wpack [G][OB][T][CQ][R][4]; rq indexed by
@@ -300,10 +312,10 @@ int torq_conv_i8(const int8_t *x, int8_t *out, const int8_t *wpack, const torq_g
             j.q.scale += gi * g->Og;
             j.out = out + ((size_t)n * O + gi * g->Og) * g->OH * g->OW;
             j.obuf = direct ? j.out : (int8_t *)(scratch + (size_t)g->nph * j.CQ * g->Lph * 4);
-            torq_parallel_for(g->nph * j.CQ, pack_chunk, &j, nthreads);
+            torq_parallel_ranges(g->nph * j.CQ, pack_grain(g), pack_range, &j, nthreads);
             torq_parallel_for(nchunks, tiles_chunk, &j, nthreads);
             if (!direct)
-                torq_parallel_for(g->Og, compact_chunk, &j, nthreads);
+                torq_parallel_ranges(g->Og, 8192 / (g->OH * g->OW + 1) + 1, compact_range, &j, nthreads);
         }
     }
     return 0;
@@ -332,9 +344,53 @@ int torq_amx_init(void)
     return syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
 }
 
-static void amx_chunk(void *ctx, int i)
+/* one unit: 32 output channels x 32 pixels, tiles configured */
+static inline void amx_unit(const conv_job *j, int u, const torq_rq *q, int32_t cbuf[4][16][16])
 {
-    const conv_job *j = ctx;
+    const torq_geom *g = j->g;
+    const int KB = j->CQs / 16, nvec = g->Lpad / 16, npb = (nvec + 1) / 2;
+    const size_t plane = (size_t)g->Lph * 4, phstride = plane * j->CQs;
+    const int op = u / npb, pb = u % npb, p0 = pb * 32;
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    const int8_t *w = j->w + (size_t)op * g->T * KB * 2048;
+    for (int t = 0; t < g->T; t++) {
+        const uint8_t *xb = j->ph + g->tap_ph[t] * phstride + (size_t)(g->tap_off[t] + p0) * 4;
+        for (int kb = 0; kb < KB; kb++, w += 2048, xb += 16 * plane) {
+            _tile_loadd(6, xb, plane);
+            _tile_loadd(7, xb + 64, plane);
+            _tile_loadd(4, w, 64);
+            _tile_loadd(5, w + 1024, 64);
+            _tile_dpbsud(0, 4, 6);
+            _tile_dpbsud(1, 4, 7);
+            _tile_dpbsud(2, 5, 6);
+            _tile_dpbsud(3, 5, 7);
+        }
+    }
+    _tile_stored(0, cbuf[0], 64);
+    _tile_stored(1, cbuf[1], 64);
+    _tile_stored(2, cbuf[2], 64);
+    _tile_stored(3, cbuf[3], 64);
+    for (int a = 0; a < 2; a++)
+        for (int r = 0; r < 16; r++) {
+            const int o = (op * 2 + a) * 16 + r;
+            if (o >= g->Og)
+                break;
+            const __m512i adj = _mm512_set1_epi32(q->adj[o]);
+            for (int b = 0; b < 2 && pb * 2 + b < nvec; b++)
+                tile_store(j->obuf + (size_t)o * j->ostride, p0 + 16 * b, (int)j->ostride,
+                           requant16(_mm512_add_epi32(_mm512_load_si512(cbuf[2 * a + b][r]), adj), o, q));
+        }
+}
+
+/* One thread's share of the units (32 channels x 32 pixels each), claimed j->per at a time from
+ * the job's counter: the tiles are configured once per thread and job, not per claim. */
+static void amx_worker(void *ctx, int i)
+{
+    (void)i;
+    conv_job *j = ctx;
     const torq_geom *g = j->g;
     amx_cfg cfg;
     memset(&cfg, 0, sizeof cfg);
@@ -345,45 +401,11 @@ static void amx_chunk(void *ctx, int i)
     }
     _tile_loadconfig(&cfg);
     int32_t cbuf[4][16][16] __attribute__((aligned(64)));
-    const int KB = j->CQs / 16, nvec = g->Lpad / 16, npb = (nvec + 1) / 2, OP = (j->OB + 1) / 2;
-    const size_t plane = (size_t)g->Lph * 4, phstride = plane * j->CQs;
-    const int total = OP * npb, end = (i + 1) * j->per < total ? (i + 1) * j->per : total;
+    const int total = (j->OB + 1) / 2 * ((g->Lpad / 16 + 1) / 2);
     const torq_rq qq = j->q, *q = &qq;
-    for (int u = i * j->per; u < end; u++) {
-        const int op = u / npb, pb = u % npb, p0 = pb * 32;
-        _tile_zero(0);
-        _tile_zero(1);
-        _tile_zero(2);
-        _tile_zero(3);
-        const int8_t *w = j->w + (size_t)op * g->T * KB * 2048;
-        for (int t = 0; t < g->T; t++) {
-            const uint8_t *xb = j->ph + g->tap_ph[t] * phstride + (size_t)(g->tap_off[t] + p0) * 4;
-            for (int kb = 0; kb < KB; kb++, w += 2048, xb += 16 * plane) {
-                _tile_loadd(6, xb, plane);
-                _tile_loadd(7, xb + 64, plane);
-                _tile_loadd(4, w, 64);
-                _tile_loadd(5, w + 1024, 64);
-                _tile_dpbsud(0, 4, 6);
-                _tile_dpbsud(1, 4, 7);
-                _tile_dpbsud(2, 5, 6);
-                _tile_dpbsud(3, 5, 7);
-            }
-        }
-        _tile_stored(0, cbuf[0], 64);
-        _tile_stored(1, cbuf[1], 64);
-        _tile_stored(2, cbuf[2], 64);
-        _tile_stored(3, cbuf[3], 64);
-        for (int a = 0; a < 2; a++)
-            for (int r = 0; r < 16; r++) {
-                const int o = (op * 2 + a) * 16 + r;
-                if (o >= g->Og)
-                    break;
-                const __m512i adj = _mm512_set1_epi32(q->adj[o]);
-                for (int b = 0; b < 2 && pb * 2 + b < nvec; b++)
-                    tile_store(j->obuf + (size_t)o * j->ostride, p0 + 16 * b, (int)j->ostride,
-                               requant16(_mm512_add_epi32(_mm512_load_si512(cbuf[2 * a + b][r]), adj), o, q));
-            }
-    }
+    for (int u0; (u0 = atomic_fetch_add(&j->next, j->per)) < total;)
+        for (int u = u0; u < u0 + j->per && u < total; u++)
+            amx_unit(j, u, q, cbuf);
     _tile_release();
 }
 
@@ -401,10 +423,17 @@ int torq_conv_amx_i8(const int8_t *x, int8_t *out, const int8_t *wamx, const tor
     j.wblock = (size_t)OP * g->T * (j.CQs / 16) * 2048;         /* one group's weights */
     uint8_t *scratch = thread_scratch((size_t)g->nph * j.CQs * g->Lph * 4 + (size_t)g->Og * g->Lpad);
     j.ph = scratch;
-    j.per = OP * npb / (nthreads * 4) + 1;
+    /* claims of whole 32-channel blocks where there are enough of them: a claim then writes
+     * whole output rows, and two threads never store into the same cache line but at a claim's
+     * two ends (claims of a few pixel blocks each made the threads fight over the lines where
+     * one channel's row ends and the next one's begins: no gain from a second thread) */
+    if (OP < 2 * nthreads && g->L < 1024)
+        nthreads = 1;       /* small maps, few channel blocks: a second thread costs more than it computes */
+    j.per = OP >= 2 * nthreads ? npb * ((OP + 4 * nthreads - 1) / (4 * nthreads))
+                               : (OP * npb + 4 * nthreads - 1) / (4 * nthreads);
     const int direct = g->Wq == g->OW;
     j.ostride = direct ? (size_t)g->L : (size_t)g->Lpad;
-    const int O = g->G * g->Og, nchunks = (OP * npb + j.per - 1) / j.per;
+    const int O = g->G * g->Og;
     for (int n = 0; n < g->N; n++) {
         for (int gi = 0; gi < g->G; gi++) {
             j.x = x + (size_t)n * g->C * g->H * g->W;
@@ -416,10 +445,11 @@ int torq_conv_amx_i8(const int8_t *x, int8_t *out, const int8_t *wamx, const tor
             j.q.scale += gi * g->Og;
             j.out = out + ((size_t)n * O + gi * g->Og) * g->OH * g->OW;
             j.obuf = direct ? j.out : (int8_t *)(scratch + (size_t)g->nph * j.CQs * g->Lph * 4);
-            torq_parallel_for(g->nph * j.CQ, pack_chunk, &j, nthreads);
-            torq_parallel_for(nchunks, amx_chunk, &j, nthreads);
+            torq_parallel_ranges(g->nph * j.CQ, pack_grain(g), pack_range, &j, nthreads);
+            atomic_store(&j.next, 0);
+            torq_parallel_for(nthreads, amx_worker, &j, nthreads);
             if (!direct)
-                torq_parallel_for(g->Og, compact_chunk, &j, nthreads);
+                torq_parallel_ranges(g->Og, 8192 / (g->OH * g->OW + 1) + 1, compact_range, &j, nthreads);
         }
     }
     return 0;

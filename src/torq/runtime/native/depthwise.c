@@ -280,16 +280,17 @@ typedef struct {
     const torq_rq *rq;
 } dw_job;
 
-/* one channel plane of one image; each thread keeps its scratch (phases, wide row), and which
- * geometry's padding the integer path's phases hold (written once, not per plane) */
-static void dw_chunk(void *ctx, int i)
+/* channel planes [begin, end) of the batch (plane i = image i / C, channel i % C); each thread
+ * keeps its scratch (phases, wide row), and which geometry's padding the integer path's phases
+ * hold (written once, not per plane) */
+static void dw_planes(void *ctx, int begin, int end)
 {
     static _Thread_local struct {
         uint8_t *buf;
         size_t cap;
         int64_t padded;
     } tls;
-    __typeof__(tls) *t = &tls;          /* one thread-local lookup per plane */
+    __typeof__(tls) *t = &tls;          /* one thread-local lookup per range */
     const dw_job *j = ctx;
     const torq_geom *g = j->g;
     const size_t phb = (size_t)g->nph * g->Lph * sizeof(float), need = phb + g->Lpad + 64;
@@ -302,25 +303,27 @@ static void dw_chunk(void *ctx, int i)
             abort();
     }
     uint8_t *buf = t->buf;
-    const int c = i % g->C;
-    int8_t *dst = j->out + (size_t)i * g->OH * g->OW;
+    for (int i = begin; i < end; i++) {
+        const int c = i % g->C;
+        int8_t *dst = j->out + (size_t)i * g->OH * g->OW;
 #if TORQ_DW_INT
-    if (i + 1 < g->N * g->C) {          /* the next plane (likely this thread's next chunk) */
-        const char *nx = (const char *)(j->x + (size_t)(i + 1) * g->H * g->W);
-        for (size_t o = 0; o < (size_t)g->H * g->W; o += 64)
-            _mm_prefetch(nx + o, _MM_HINT_T1);
-    }
-    const int fresh = t->padded != g->id;
-    t->padded = g->id;
-    dwq_plane(j->x + (size_t)i * g->H * g->W, j->dq, g, c, j->rq, buf, fresh,
-              (int8_t *)(buf + (size_t)g->nph * g->Lph), dst);
-    return;
+        if (i + 1 < g->N * g->C) {      /* the next plane */
+            const char *nx = (const char *)(j->x + (size_t)(i + 1) * g->H * g->W);
+            for (size_t o = 0; o < (size_t)g->H * g->W; o += 64)
+                _mm_prefetch(nx + o, _MM_HINT_T1);
+        }
+        const int fresh = t->padded != g->id;
+        t->padded = g->id;
+        dwq_plane(j->x + (size_t)i * g->H * g->W, j->dq, g, c, j->rq, buf, fresh,
+                  (int8_t *)(buf + (size_t)g->nph * g->Lph), dst);
+        continue;
 #endif
-    if (dw_plane(j->x + (size_t)i * g->H * g->W, j->wf + (size_t)c * g->T, g, c, j->rq, (float *)buf,
-                 (int8_t *)(buf + phb), dst))
-        return;
-    for (int r = 0; r < g->OH; r++)
-        memcpy(dst + (size_t)r * g->OW, buf + phb + (size_t)r * g->Wq, g->OW);
+        if (dw_plane(j->x + (size_t)i * g->H * g->W, j->wf + (size_t)c * g->T, g, c, j->rq, (float *)buf,
+                     (int8_t *)(buf + phb), dst))
+            continue;
+        for (int r = 0; r < g->OH; r++)
+            memcpy(dst + (size_t)r * g->OW, buf + phb + (size_t)r * g->Wq, g->OW);
+    }
 }
 
 /* x [N][C][H][W] -> out [N][C][OH][OW]; wf [C][T] float weights (float path), dq the quads
@@ -329,7 +332,8 @@ int torq_dw_i8(const int8_t *x, int8_t *out, const float *wf, const torq_dwq *dq
                const torq_rq *rq, int nthreads)
 {
     dw_job j = {x, out, wf, dq, g, rq};
-    torq_parallel_for(g->N * g->C, dw_chunk, &j, nthreads);
+    /* ranges of >= 4096 outputs (a few microseconds): a 7x7 plane alone is ~70 ns of work */
+    torq_parallel_ranges(g->N * g->C, 4096 / (g->OH * g->OW + 1) + 1, dw_planes, &j, nthreads);
     return 0;
 }
 

@@ -7,6 +7,7 @@
  * patching the address of an input that is a fresh array (the program's input, the result of a
  * step that ran in Python). Each row is the kind and the arguments of one call, as 64-bit
  * words: pointers and integers as they are, a float as its bits in the low half. */
+#include <time.h>
 #include "common.h"
 
 enum { K_CONV = 1, K_CONV_AMX, K_DW, K_FC, K_ADD, K_GAP, K_MAXPOOL };
@@ -39,12 +40,20 @@ static float as_float(int64_t w)
     return f;
 }
 
+static int64_t now_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
 /* calls[0..n) in order, kernels on nthreads threads; the number of calls run (n, or the index of
- * a row of unknown kind) */
-int torq_run_calls(const torq_call *calls, int n, int nthreads)
+ * a row of unknown kind). ns, when not NULL, receives each call's wall time (profiling). */
+int torq_run_calls(const torq_call *calls, int n, int nthreads, int64_t *ns)
 {
     for (int k = 0; k < n; k++) {
         const torq_call *c = calls + k;
+        const int64_t t0 = ns ? now_ns() : 0;
         switch (c->kind) {
         case K_CONV:
             torq_conv_i8(P(0), P(1), P(2), P(3), P(4), nthreads);
@@ -71,6 +80,8 @@ int torq_run_calls(const torq_call *calls, int n, int nthreads)
         default:
             return k;
         }
+        if (ns)
+            ns[k] = now_ns() - t0;
     }
     return n;
 }

@@ -127,8 +127,9 @@ class _Segment:
                     words.append(1 + i)
         return np.array(rows, dtype=np.intp), np.array(words, dtype=np.intp)
 
-    def run(self, env: list, threads: int, lib) -> bool:
-        """Replay into env; False (nothing run) when an operand is not what was recorded."""
+    def run(self, env: list, threads: int, lib, ns: np.ndarray | None = None) -> bool:
+        """Replay into env; False (nothing run) when an operand is not what was recorded.
+        ``ns``: int64 [n] receives each call's wall time in ns (profiling)."""
         for k, (slot, last, addr, where) in enumerate(self.inputs):
             a = env[slot]
             if a is last:               # (held here: its memory cannot have moved)
@@ -140,7 +141,7 @@ class _Segment:
             if new != addr:
                 self.rows[where] = new
             self.inputs[k] = (slot, a, new, where)
-        lib.torq_run_calls(self.ptr, self.n, threads)
+        lib.torq_run_calls(self.ptr, self.n, threads, None if ns is None else ns.ctypes.data)
         for slot, out in self.outputs:
             env[slot] = out
         return True

@@ -138,3 +138,32 @@ void torq_parallel_for(int n, torq_chunk_fn fn, void *ctx, int nthreads)
     atomic_flag_clear(&torq_pool.busy);
 }
 
+
+typedef struct {
+    torq_range_fn fn;
+    void *ctx;
+    int n, per;
+} range_job;
+
+static void range_chunk(void *ctx, int i)
+{
+    const range_job *r = ctx;
+    const int end = (i + 1) * r->per < r->n ? (i + 1) * r->per : r->n;
+    r->fn(r->ctx, i * r->per, end);
+}
+
+void torq_parallel_ranges(int n, int grain, torq_range_fn fn, void *ctx, int nthreads)
+{
+    if (grain < 1)
+        grain = 1;
+    int per = nthreads > 1 ? (n + 8 * nthreads - 1) / (8 * nthreads) : n;
+    if (per < grain)
+        per = grain;
+    if (n <= per || nthreads <= 1) {
+        if (n > 0)
+            fn(ctx, 0, n);
+        return;
+    }
+    range_job r = {fn, ctx, n, per};
+    torq_parallel_for((n + per - 1) / per, range_chunk, &r, nthreads);
+}

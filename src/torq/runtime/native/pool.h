@@ -7,4 +7,11 @@ typedef void (*torq_chunk_fn)(void *ctx, int i);
 /* fn(ctx, i) for i in [0, n), on the caller and up to nthreads - 1 helpers */
 void torq_parallel_for(int n, torq_chunk_fn fn, void *ctx, int nthreads);
 
+typedef void (*torq_range_fn)(void *ctx, int begin, int end);
+
+/* fn(ctx, begin, end) over [0, n) in ranges of at least grain items (about 8 per thread): one
+ * claim per range, so items of a few hundred nanoseconds do not make the threads fight over
+ * the counter; one range (no helper) when n <= grain */
+void torq_parallel_ranges(int n, int grain, torq_range_fn fn, void *ctx, int nthreads);
+
 #endif
