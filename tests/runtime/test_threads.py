@@ -71,6 +71,19 @@ def test_engine_split_is_batch_invariant_and_ort_exact(qmodel):
     assert NssEngine(qmodel, 3, threads=8).threads == 3      # never more threads than images
 
 
+def test_a_lone_call_gets_every_core_inside_its_kernels(qmodel, monkeypatch):
+    """Batch 1 is one simulator call: its native kernels get the engine's cores (not one thread,
+    as one of several side-by-side sub-batches gets)."""
+    seen = []
+    for batch, want in ((1, [2]), (4, [1, 1])):
+        engine = NssEngine(qmodel, batch, threads=2)
+        orig = engine.simulator.run
+        monkeypatch.setattr(engine.simulator, "run", lambda *a, **k: seen.append(a[3]) or orig(*a, **k))
+        seen.clear()
+        engine(_images(batch, seed=5))
+        assert seen == want, batch
+
+
 def test_a_fixed_batch_model_is_compiled_for_its_own_batch(fixed1):
     """Re-batching a fixed-batch model could silently change a batch-specific Reshape: the
     engines run it in its own batch (audit 3, B9: the default --batch 8 on a batch-1 model)."""

@@ -49,13 +49,22 @@ static inline int32_t torq_requant_ort(int32_t acc, float scale, int32_t zp, flo
 static inline __m128i torq_act_native_x16(__m512i acc, __m512i m, int shift, int even, int32_t zp, int32_t lo,
                                           int32_t hi)
 {
-    if (!even && shift >= 32 && shift <= 52) {
+    if (shift >= 32 && shift <= 52) {
         /* t + r + zp * 2**s (|.| < 2**63) >> 32 is an exact int32: take the high halves of the
          * even and odd products (the odd ones are in place), then shift the rest in 32 bits;
-         * floor(floor(v / 2**32) / 2**(s - 32)) = floor(v / 2**s). */
-        const __m512i r = _mm512_set1_epi64(((INT64_C(1) << shift) >> 1) + (int64_t)zp * (INT64_C(1) << shift));
-        const __m512i t0 = _mm512_add_epi64(_mm512_mul_epi32(acc, m), r);
-        const __m512i t1 = _mm512_add_epi64(_mm512_mul_epi32(_mm512_srli_epi64(acc, 32), _mm512_srli_epi64(m, 32)), r);
+         * floor(floor(v / 2**32) / 2**(s - 32)) = floor(v / 2**s). NTE adds bit s of t, less 1
+         * (the -1 rides in the constant). */
+        const __m512i r = _mm512_set1_epi64(((INT64_C(1) << shift) >> 1) + (int64_t)zp * (INT64_C(1) << shift) - even);
+        __m512i t0 = _mm512_mul_epi32(acc, m);
+        __m512i t1 = _mm512_mul_epi32(_mm512_srli_epi64(acc, 32), _mm512_srli_epi64(m, 32));
+        if (even) {
+            const __m128i sh = _mm_cvtsi32_si128(shift);
+            const __m512i one = _mm512_set1_epi64(1);
+            t0 = _mm512_add_epi64(t0, _mm512_and_si512(_mm512_srl_epi64(t0, sh), one));
+            t1 = _mm512_add_epi64(t1, _mm512_and_si512(_mm512_srl_epi64(t1, sh), one));
+        }
+        t0 = _mm512_add_epi64(t0, r);
+        t1 = _mm512_add_epi64(t1, r);
         __m512i v = _mm512_mask_mov_epi32(_mm512_srli_epi64(t0, 32), 0xAAAA, t1);
         v = _mm512_sra_epi32(v, _mm_cvtsi32_si128(shift - 32));
         v = _mm512_min_epi32(_mm512_max_epi32(v, _mm512_set1_epi32(lo)), _mm512_set1_epi32(hi));
