@@ -8,7 +8,7 @@ Runs ``torq.evaluate.evaluate`` as ``torq-gen-config evaluate`` runs it (the rec
 the row "effnet" of build/bench-models/manifest.json) and prints, from that one run:
 
   images/s per path as evaluate measures them (its engine calls: FP32 and INT8 by ONNX Runtime,
-  INT8 on the NSS), and the NSS's ratio to ORT FP32;
+  INT8 on the NSS), and each path's time as a multiple of ORT FP32's (below 1: faster);
   the command's wall time in its parts: set-up (reading the model and data list, quantization
   with calibration, compiling), the ORT pass (decoding and preprocessing every image, FP32 and
   INT8 ORT, per-layer SQNR), the NSS pass (decoding every image again, the NSS), the rest
@@ -78,9 +78,9 @@ def main(argv=None) -> int:
     n = r.images
     print(f"evaluate {Path(args.model).name} on {n} images of {args.dataset}, --batch {args.batch}, "
           f"{os.cpu_count()} CPUs; host load (1, 5, 15 min) before {_load(load0)}, after {_load(os.getloadavg())}")
-    print(f"  {'path':22s}{'images/s':>10s}{'x ORT fp32':>12s}   (evaluate's own figures: engine calls only)")
+    print(f"  {'path':22s}{'images/s':>10s}{'time x ORT fp32':>17s}   (evaluate's own figures: engine calls only)")
     for path, label in (("fp32", "FP32 (ORT)"), ("int8_ort", "INT8 (ORT)"), ("int8_nss", "INT8 (NSS native)")):
-        print(f"  {label:22s}{r.images_per_s(path):10.1f}{r.seconds[path] and r.seconds['fp32'] / r.seconds[path]:12.2f}")
+        print(f"  {label:22s}{r.images_per_s(path):10.1f}{r.seconds[path] / max(r.seconds['fp32'], 1e-9):17.2f}")
     rest = wall - sum(parts.values())
     print(f"  whole command {wall:.1f} s = {n / wall:.1f} images/s: set-up + report {rest:.1f} s, "
           f"ORT pass {parts.get('ORT pass', 0):.1f} s, NSS pass {parts.get('NSS pass', 0):.1f} s "
