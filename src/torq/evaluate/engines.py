@@ -97,7 +97,8 @@ class NssEngine:
 
     The call runs as sub-batches side by side on ``threads`` threads (``Simulator.run_many``;
     default every core this process may use; ``split_batch``), so the model is compiled for the
-    sub-batch size; a short sub-batch is padded with zeros like a short batch."""
+    sub-batch size; a short sub-batch is padded with zeros like a short batch. A call that is one
+    sub-batch (batch 1) gets every core inside its kernels instead."""
 
     def __init__(self, qmodel: onnx.ModelProto, batch: int, rounding: str = "native",
                  threads: int | None = None, engine: str | None = None):
@@ -126,59 +127,6 @@ class NssEngine:
         self.simulator.run(feed, self.rounding, threads=self.cores)
         if self.threads > 1:
             self.simulator.run_many([feed] * self.threads, self.rounding, self.threads)
-
-    def __call__(self, x: np.ndarray) -> np.ndarray:
-        if self.batch is not None and len(x) != self.batch:
-            return in_chunks(self.__call__, x, self.batch)
-        return self.sess.run(None, {self.input: x})[0]
-
-
-MAX_SUB_BATCH = 8    # images per simulator call: bounds each thread's scratch memory (an early
-                     # EfficientNet layer needs ~5 MB per image) at no cost in speed (measured,
-                     # 2 threads, quiet host: batch 32 as 4 x 8 106, as 2 x 16 109 images/s;
-                     # batch 16 as 2 x 8 109, as 4 x 4 105)
-
-
-def split_batch(batch: int, threads: int) -> tuple[int, int]:
-    """(threads, images per sub-batch) for running ``batch`` images on up to ``threads``
-    threads: as many sub-batches as threads (a multiple of them when a sub-batch would exceed
-    MAX_SUB_BATCH), as equal as possible so that little padding is computed."""
-    threads = max(1, min(batch, threads))
-    per_thread = -(-batch // threads)
-    sub = -(-batch // (threads * -(-per_thread // MAX_SUB_BATCH)))
-    return min(threads, -(-batch // sub)), sub
-
-
-class NssEngine:
-    """The NSS simulator on the int8 model, ``batch`` images per call.
-
-    The call runs as sub-batches side by side on ``threads`` threads (``Simulator.run_many``;
-    default every core this process may use; ``split_batch``), so the model is compiled for the
-    sub-batch size; a short sub-batch is padded with zeros like a short batch."""
-
-    def __init__(self, qmodel: onnx.ModelProto, batch: int, rounding: str = "native",
-                 threads: int | None = None, engine: str | None = None):
-        from ..compiled import compile as torq_compile
-        from ..runtime.nss import Simulator, usable_cores
-        self.batch, self.rounding = batch, rounding
-        self.cores = threads or usable_cores()
-        self.threads, self.sub = split_batch(batch, self.cores)
-        fixed = fixed_batch(qmodel)
-        if fixed is not None:            # the model's own batch: compiled as it is
-            self.sub, self.threads = fixed, max(1, min(self.threads, -(-batch // fixed)))
-        self.compiled = torq_compile(with_batch(qmodel, self.sub), name="evaluate")
-        if self.compiled.report.unsupported:
-            raise TorqError(str(self.compiled.report.unsupported[0]))
-        self.simulator = Simulator(self.compiled.program, engine)
-        self.input = self.compiled.input_names[0]
-        self.output = self.compiled.output_names[0]
-        self._warm_up()
-
-    def _warm_up(self) -> None:
-        """One zero sub-batch: the simulator's compiled loops are built now, not during timing."""
-        port = self.compiled.program.inputs[0]
-        self.simulator.run(self.compiled.program.feed({self.input: np.zeros(port.shape, port.onnx_dtype)}),
-                           self.rounding)
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         program = self.compiled.program
