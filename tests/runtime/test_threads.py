@@ -122,6 +122,30 @@ def test_run_many_threads_really_run_the_calls(compiled2, monkeypatch):
     assert all(od.mismatches == 0 for od in sim.run(calls[0], "native", explain=True)[1])
 
 
+def test_side_by_side_threads_run_on_a_cpu_each(compiled2):
+    """run_many's threads are pinned one CPU each (woken unpinned on a loaded host they were put
+    on the caller's CPU and ran one after the other); the caller's own affinity is unchanged."""
+    import os
+    before = os.sched_getaffinity(0)
+    if len(before) < 2:
+        pytest.skip("one usable CPU")
+    sim = Simulator(compiled2.program, "reference")
+    first, seen = sim.kernels[0], {}
+    orig = first.fn
+
+    def recording(args, rounding):
+        seen[threading.current_thread().name] = os.sched_getaffinity(0)
+        return orig(args, rounding)
+    first.fn = recording
+    try:
+        sim.run_many([[x] for x in _images(8, seed=6).reshape(4, 2, 3, 32, 32)], threads=2)
+    finally:
+        first.fn = orig
+    assert seen and all(len(cpus) == 1 and cpus <= before for cpus in seen.values())
+    assert len(seen) < 2 or len(set().union(*seen.values())) == 2
+    assert os.sched_getaffinity(0) == before
+
+
 def _blas_threads():
     return max(lib["num_threads"] for lib in blas._blas().info())
 
