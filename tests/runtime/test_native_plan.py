@@ -83,3 +83,21 @@ def test_an_input_of_another_layout_records_a_new_plan():
     for xin in (np.ascontiguousarray(x[..., ::2]), x[..., ::2], np.ascontiguousarray(x[..., 1::2])):
         assert np.array_equal(nat.run([xin])[0], ref.run([xin])[0])
     assert len(nat._plans) == 2                  # contiguous and strided input: two plans
+
+
+def test_operands_at_one_address_stay_in_python():
+    """add(reshape(a), a): two operands from outside the segment at one address (a view and its
+    base) could part in another run; such a segment runs in Python, with the same results."""
+    rng = np.random.default_rng(7)
+    chain = _chain(rng, 1, 4, 5, False, False)
+    conv, add = chain.steps[0], chain.steps[-1]
+    shape = conv.shape
+    steps = [conv, Step("tensor.reshape", [conv.out], 20, {}, shape, "i8", "1:5", "Reshape"),
+             Step(add.op, [20, conv.out], 21, add.attrs, shape, "i8", "1:9", "Add")]
+    p = Program(chain.inputs, [Port("y", 21, "i8", shape)], steps, {k: chain.constants[k] for k in conv.args[:2]}, 22)
+    ref, nat = Simulator(p, "reference"), Simulator(p, "native")
+    for _ in range(3):
+        x = rng.integers(-128, 128, shape).astype(np.int8)
+        assert np.array_equal(nat.run([x])[0], ref.run([x])[0])
+    (plan,) = nat._plans.values()
+    assert plan.replayed == 1 and plan.segments[1:] == [1, 2]

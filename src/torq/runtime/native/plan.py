@@ -72,6 +72,8 @@ class Recorder:
         _local.recorder = None
 
     def step(self, index: int, first_call: int, args: list, out, persistent) -> None:
+        """Step ``index`` ran (its calls from ``first_call`` on, its operands, its result): it may
+        be replayed when its calls read only its operands and wrote its persistent result."""
         calls = self.calls[first_call:]
         operands = {_data(a) for a in args if isinstance(a, np.ndarray)}
         ok = bool(calls) and isinstance(out, np.ndarray) and persistent(out)
@@ -87,7 +89,8 @@ class Recorder:
                 run.append(entry)
                 continue
             if run:
-                segments.append(_Segment(run, kernels))
+                seg = _Segment(run, kernels)
+                segments.extend([e[0] for e in run] if seg.aliased else [seg])
                 run = []
             if entry[0] is not None:
                 segments.append(entry[0])
@@ -105,15 +108,15 @@ class _Segment:
             self.rows[r, :len(row)] = row
         self.ptr, self.n = self.rows.ctypes.data, len(rows)
         produced, self.outputs, self.inputs = set(), [], []
-        r = 0
-        for index, calls, args, out in run:
+        for index, _, args, out in run:
             st = kernels[index].step
             for slot, a in zip(st.args, args):
                 if slot not in produced and isinstance(a, np.ndarray) and all(slot != s for s, *_ in self.inputs):
                     self.inputs.append((slot, a, _data(a)))
             produced.add(st.out)
             self.outputs.append((st.out, out))
-            r += len(calls)
+        # two operands from outside at one address could part later: such steps stay in Python
+        self.aliased = len({addr for _, _, addr in self.inputs}) < len(self.inputs)
         self.inputs = [(slot, a, addr, self._where(addr)) for slot, a, addr in self.inputs]
 
     def _where(self, addr: int):
