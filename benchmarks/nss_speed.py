@@ -224,6 +224,10 @@ def main(argv=None) -> int:
         print(f"  {title:28s} batch {batch}: {med * 1e3:7.2f} ms  {batch / med:7.1f} images/s  "
               f"x ORT fp32 {ratio(pr, 'NSS native', 'ORT fp32'):.2f}  x ORT int8 {ratio(pr, 'NSS native', 'ORT int8'):.2f}  "
               f"x NSS reference {ratio(pr, 'NSS native', 'NSS reference'):.2f}")
+    b1 = [(title, ratio(pr, "NSS native", "ORT fp32")) for title, batch, pr in summary if batch == 1]
+    if b1:
+        print("must-hold (issue 20) NSS native <= 1.0x ORT fp32 at batch 1 (goal 0.5x): "
+              + "; ".join(f"{t} {r:.2f} {'holds' if r <= 1.0 else 'DOES NOT hold'}" for t, r in b1))
     print(f"host load average at the end: {', '.join(f'{v:.2f}' for v in os.getloadavg())}")
     return 0
 
