@@ -1,0 +1,168 @@
+"""Native kernels of the bf16 / f32 contractions (``float_conv.c``): conv2d, depthwise_conv2d,
+fully_connected and matmul with bias, clamp and the bf16 rounding fused.
+
+The arithmetic is ``numerics.bf16_arith``'s, the accumulation order included (one SIMD lane per
+output walking k in the model's order), so the results are the reference kernels' bits
+(runtime/kernels/float_gemm.py), which stay the oracle. Weights are packed once per program
+(``_cached_plan``); a call whose operands the kernel does not take (not 4-D, shapes that do not
+match the weights) runs on the reference kernel.
+"""
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+
+from ... import numerics
+from ..kernels.float_gemm import conv_out_hw
+from ..ops import _cached_plan
+from .build import TorqFgeom, library
+from .ops import _Outputs, _address, _threads
+
+_F32 = np.float32
+RO_MAX = 6                              # output channels per weight block (float_conv.c: FRO)
+
+
+def _c(x) -> np.ndarray:
+    return x if x.dtype == _F32 and x.flags.c_contiguous else np.ascontiguousarray(x, _F32)
+
+
+def _clamp(attrs):
+    return (float(numerics.bf16_arith.clamp_bits(attrs["output_min"])),
+            float(numerics.bf16_arith.clamp_bits(attrs["output_max"])))
+
+
+class FloatConv:
+    """A conv2d / depthwise_conv2d: weights packed [G][blocks][Cg][T][RO], geometry per input shape."""
+
+    def __init__(self, w, bias, attrs, depthwise: bool, bf16: bool):
+        w = np.asarray(w, _F32)
+        self.O, self.cg, self.kh, self.kw = w.shape
+        self.w, self.depthwise, self.bf16 = w, depthwise, bf16
+        self.groups = None if depthwise else int(attrs["groups"])
+        self.bias = np.ascontiguousarray(np.asarray(bias, _F32).reshape(-1))
+        self.pad = [int(p) for p in attrs["pad"]]
+        self.stride = [int(s) for s in attrs["stride"]]
+        self.dil = [int(d) for d in attrs["dilation"]]
+        self.lo, self.hi = _clamp(attrs)
+        self.packs: dict = {}
+        self.geoms: dict = {}
+        self.outputs = _Outputs()
+        self.lib = library()
+
+    def _pack(self, groups: int) -> tuple:
+        if groups not in self.packs:
+            og = self.O // groups
+            ro = 1 if og == 1 else min(RO_MAX, og)
+            nob = -(-og // ro)
+            w = np.zeros((groups, nob * ro, self.cg, self.kh * self.kw), _F32)
+            w[:, :og] = self.w.reshape(groups, og, self.cg, -1)
+            packed = np.ascontiguousarray(w.reshape(groups, nob, ro, self.cg, -1).transpose(0, 1, 3, 4, 2))
+            self.packs[groups] = (packed, ro)
+        return self.packs[groups]
+
+    def geometry(self, shape):
+        """(TorqFgeom and the arrays it points to, output shape), or None when not supported."""
+        if shape in self.geoms:
+            return self.geoms[shape]
+        self.geoms[shape] = geo = self._geometry(shape)
+        return geo
+
+    def _geometry(self, shape):
+        if len(shape) != 4:
+            return None
+        n, c, h, w = shape
+        groups = c // self.cg if self.depthwise else self.groups
+        if groups < 1 or c != groups * self.cg or self.O % groups or self.bias.size != self.O:
+            return None
+        (sh, sw), (dh, dw), (pl, pr, pt, pb) = self.stride, self.dil, self.pad
+        oh, ow = conv_out_hw(h, w, (self.kh, self.kw), self.pad, self.stride, self.dil)
+        if oh < 1 or ow < 1 or min(self.pad) < 0:
+            return None
+        taps = [(i * dh, j * dw) for i in range(self.kh) for j in range(self.kw)]
+        phases = sorted({(r % sh, q % sw) for r, q in taps})
+        rows = oh + max(r // sh for r, _ in taps)
+        wq = ow + max(q // sw for _, q in taps)
+        direct = not any(self.pad) and sh == sw == 1
+        plane = h * w if direct else -(-rows * wq // 16) * 16
+        phstride = c * plane
+        tap_off = np.array([phases.index((r % sh, q % sw)) * phstride + (r // sh) * wq + q // sw
+                            for r, q in taps], np.int64)
+        ph_ab = np.array(phases, np.int32).reshape(-1)
+        packed, ro = self._pack(groups)
+        g = TorqFgeom(n, c, h, w, groups, self.cg, self.O // groups, oh, ow, len(taps), len(phases), rows, wq,
+                      sh, sw, pt, pl, (oh - 1) * wq + ow, ro, 8 if ro == 1 else 4, int(direct), int(self.bf16),
+                      self.lo, self.hi, plane, phstride, ph_ab.ctypes.data, tap_off.ctypes.data)
+        return (g, ctypes.byref(g), ph_ab, tap_off, packed, packed.ctypes.data), (n, self.O, oh, ow)
+
+    def __call__(self, x):
+        geo = self.geometry(tuple(x.shape))
+        if geo is None:
+            return None
+        (_, gref, _, _, _, wptr), oshape = geo
+        x = _c(x)
+        out, addr = self.outputs.get(oshape, _F32)
+        self.lib.torq_conv_f32(_address(x), addr, wptr, self.bias.ctypes.data, gref, _threads())
+        return out
+
+
+def _matmul(lib, outputs, x, y, bias, lo, hi, bf16):
+    """finish(x [..., M, K] @ y [..., K, N] + bias) on the native kernel (batch dims broadcast)."""
+    batch = np.broadcast_shapes(x.shape[:-2], y.shape[:-2])
+    nb = int(np.prod(batch))
+    (m, k), n = x.shape[-2:], y.shape[-1]
+
+    def operand(a):
+        if int(np.prod(a.shape[:-2])) == nb:
+            return _c(a), a.shape[-2] * a.shape[-1]
+        if int(np.prod(a.shape[:-2])) == 1:
+            return _c(a), 0
+        return np.ascontiguousarray(np.broadcast_to(a, batch + a.shape[-2:]), _F32), a.shape[-2] * a.shape[-1]
+    (xa, sx), (ya, sy) = operand(x), operand(y)
+    out, addr = outputs.get(batch + (m, n), _F32)
+    lib.torq_matmul_f32(_address(xa), _address(ya), addr, 0 if bias is None else bias.ctypes.data, nb, m, k, n,
+                        sx, sy, m * n, lo, hi, int(bf16), _threads())
+    return out
+
+
+def _conv_step(st, reference):
+    a, depthwise = st.attrs, st.op.endswith("depthwise_conv2d")
+    plan = _cached_plan(lambda w, b: FloatConv(w, b, a, depthwise, st.dtype == "bf16"))
+
+    def fn(args, rounding):
+        w, bias, x = args
+        out = plan(w, bias)(x) if x.dtype.kind == "f" else None
+        return reference(args, rounding) if out is None else out.reshape(st.shape)
+    return fn
+
+
+def _fc_step(st, reference):
+    lo, hi = _clamp(st.attrs)
+    plan = _cached_plan(lambda w, b: (np.ascontiguousarray(np.asarray(w, _F32).T),
+                                      np.ascontiguousarray(np.asarray(b, _F32).reshape(-1))))
+    lib, outputs = library(), _Outputs()
+
+    def fn(args, rounding):
+        w, bias, x = args
+        wt, b = plan(w, bias)
+        if x.dtype.kind != "f" or x.shape[-1] != wt.shape[0] or b.size != wt.shape[1]:
+            return reference(args, rounding)
+        out = _matmul(lib, outputs, x.reshape(-1, x.shape[-1]), wt, b, lo, hi, st.dtype == "bf16")
+        return out.reshape(st.shape)
+    return fn
+
+
+def _matmul_step(st, reference):
+    lo, hi = _clamp(st.attrs)
+    lib, outputs = library(), _Outputs()
+
+    def fn(args, rounding):
+        x, y = args
+        if x.dtype.kind != "f" or y.dtype.kind != "f" or x.ndim < 2 or y.ndim < 2 or x.shape[-1] != y.shape[-2]:
+            return reference(args, rounding)
+        return _matmul(lib, outputs, x, y, None, lo, hi, st.dtype == "bf16").reshape(st.shape)
+    return fn
+
+
+FLOAT_MAKERS = {"conv2d": _conv_step, "depthwise_conv2d": _conv_step, "fully_connected": _fc_step,
+                "matmul": _matmul_step}
