@@ -21,10 +21,20 @@ from .ops import _Outputs, _address, _threads
 
 _F32 = np.float32
 RO_MAX = 6                              # output channels per weight block (float_conv.c: FRO)
+SLACK = 128                             # floats a plane's last tile may read past its end (float_conv.c)
 
 
 def _c(x) -> np.ndarray:
     return x if x.dtype == _F32 and x.flags.c_contiguous else np.ascontiguousarray(x, _F32)
+
+
+def _slack_follows(x: np.ndarray) -> bool:
+    """Whether SLACK readable floats follow x in memory (x is then its own plane: no copy)."""
+    root = x
+    while isinstance(root.base, np.ndarray):
+        root = root.base
+    start, root_start = x.__array_interface__["data"][0], root.__array_interface__["data"][0]
+    return x.dtype == _F32 and x.flags.c_contiguous and root_start + root.nbytes - (start + x.nbytes) >= 4 * SLACK
 
 
 def _clamp(attrs):
@@ -61,14 +71,14 @@ class FloatConv:
             self.packs[groups] = (packed, ro)
         return self.packs[groups]
 
-    def geometry(self, shape):
+    def geometry(self, shape, direct_ok: bool):
         """(TorqFgeom and the arrays it points to, output shape), or None when not supported."""
-        if shape in self.geoms:
-            return self.geoms[shape]
-        self.geoms[shape] = geo = self._geometry(shape)
-        return geo
+        key = (shape, direct_ok)
+        if key not in self.geoms:
+            self.geoms[key] = self._geometry(shape, direct_ok)
+        return self.geoms[key]
 
-    def _geometry(self, shape):
+    def _geometry(self, shape, direct_ok):
         if len(shape) != 4:
             return None
         n, c, h, w = shape
@@ -83,9 +93,9 @@ class FloatConv:
         phases = sorted({(r % sh, q % sw) for r, q in taps})
         rows = oh + max(r // sh for r, _ in taps)
         wq = ow + max(q // sw for _, q in taps)
-        direct = not any(self.pad) and sh == sw == 1
+        direct = direct_ok and not any(self.pad) and sh == sw == 1
         plane = h * w if direct else -(-rows * wq // 16) * 16
-        phstride = c * plane
+        phstride = (self.cg if groups > 1 and not direct else c) * plane     # float_conv.c: local planes
         tap_off = np.array([phases.index((r % sh, q % sw)) * phstride + (r // sh) * wq + q // sw
                             for r, q in taps], np.int64)
         ph_ab = np.array(phases, np.int32).reshape(-1)
@@ -96,12 +106,12 @@ class FloatConv:
         return (g, ctypes.byref(g), ph_ab, tap_off, packed, packed.ctypes.data), (n, self.O, oh, ow)
 
     def __call__(self, x):
-        geo = self.geometry(tuple(x.shape))
+        x = _c(x)
+        geo = self.geometry(tuple(x.shape), _slack_follows(x))
         if geo is None:
             return None
         (_, gref, _, _, _, wptr), oshape = geo
-        x = _c(x)
-        out, addr = self.outputs.get(oshape, _F32)
+        out, addr = self.outputs.get(oshape, _F32, SLACK)
         self.lib.torq_conv_f32(_address(x), addr, wptr, self.bias.ctypes.data, gref, _threads())
         return out
 

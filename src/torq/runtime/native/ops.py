@@ -54,11 +54,13 @@ class _Outputs:
     def __init__(self):
         self._bufs: dict = {}
 
-    def get(self, shape, dtype=np.int8) -> tuple[np.ndarray, int]:
+    def get(self, shape, dtype=np.int8, slack: int = 0) -> tuple[np.ndarray, int]:
+        """This thread's output array of ``shape`` (``slack`` zeroed elements follow it in memory)."""
         tid = threading.get_ident()
         b = self._bufs.get(tid)
         if b is None or b[0].shape != shape or b[0].dtype != dtype:
-            arr = np.empty(shape, dtype=dtype)
+            size = int(np.prod(shape))
+            arr = np.zeros(size + slack, dtype=dtype)[:size].reshape(shape)
             b = self._bufs[tid] = (arr, arr.ctypes.data)
             known = _local.__dict__.setdefault("addrs", {})
             if len(known) > 4096:
