@@ -1,0 +1,102 @@
+"""The native bf16 kernels (runtime/native/float_conv.c) bit for bit against the independent model
+(tests/bf16_model.py), over random shapes: groups and depthwise (with multipliers), stride,
+dilation, padding, batch, inputs read in place (memory follows them) or copied, 1 and 2 threads,
+the AVX-512 and the portable build; matmuls batched and broadcast, with and without bias."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from torq.numerics import bf16_arith
+from torq.runtime import native
+from torq.runtime.native import float_ops
+from torq.runtime.native.ops import _Outputs, set_threads
+
+import bf16_model as M
+
+ISAS = ["native", "portable"]
+
+
+def bf(rng, shape, scale=1.0):
+    return M.bf16(rng.standard_normal(shape) * scale)
+
+
+def with_slack(x):
+    """x in memory that float_conv.c may read past (as a native step's output is)."""
+    buf = np.zeros(x.size + float_ops.SLACK, np.float32)
+    y = buf[:x.size].reshape(x.shape)
+    y[...] = x
+    return y
+
+
+@pytest.fixture(params=ISAS)
+def isa(request, monkeypatch):
+    monkeypatch.setenv("TORQ_NATIVE_ISA", request.param)
+    if native.library() is None:
+        pytest.skip(native.why())
+    assert bool(native.library().torq_float_features()) == (request.param == "native" and "avx512f" in
+                                                          native.build.cpu_flags())
+    return request.param
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_conv_bit_exact(isa, data):
+    d = data.draw
+    depthwise = d(st.booleans())
+    groups = d(st.integers(1, 3))
+    cg = 1 if depthwise else d(st.integers(1, 4))
+    og = d(st.integers(1, 2)) if depthwise else d(st.integers(1, 8))
+    kh, kw, sh, sw = d(st.integers(1, 3)), d(st.integers(1, 3)), d(st.integers(1, 3)), d(st.integers(1, 2))
+    dh, dw = d(st.integers(1, 2)), d(st.integers(1, 2))
+    pad = [d(st.integers(0, 2)) for _ in range(4)]
+    n, h, w = d(st.integers(1, 2)), d(st.integers(1, 9)), d(st.integers(1, 21))
+    oh = (h + pad[2] + pad[3] - dh * (kh - 1) - 1) // sh + 1
+    ow = (w + pad[0] + pad[1] - dw * (kw - 1) - 1) // sw + 1
+    if oh < 1 or ow < 1:
+        return
+    rng = np.random.default_rng(d(st.integers(0, 2 ** 16)))
+    c, o = groups * cg, groups * og
+    x, wt, b = bf(rng, (n, c, h, w), 3.0), bf(rng, (o, cg, kh, kw)), rng.standard_normal(o).astype(np.float32)
+    relu = d(st.booleans())
+    attrs = {"groups": groups, "pad": pad, "stride": [sh, sw], "dilation": [dh, dw],
+             "output_min": 0 if relu else bf16_arith.F32_MIN_BITS, "output_max": bf16_arith.F32_MAX_BITS}
+    set_threads(d(st.integers(1, 2)))
+    got = float_ops.FloatConv(wt, b, attrs, depthwise, True)(with_slack(x) if d(st.booleans()) else x)
+    want = M.conv2d(x, wt, b, (sh, sw), pad, groups, 0.0 if relu else -math.inf, math.inf, (dh, dw))
+    assert got is not None and np.array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(m=st.integers(1, 9), k=st.integers(1, 40), n=st.integers(1, 70), batch=st.sampled_from([(), (2,), (2, 3)]),
+       broadcast=st.booleans(), bias=st.booleans(), threads=st.integers(1, 2), seed=st.integers(0, 2 ** 16))
+def test_matmul_bit_exact(isa, m, k, n, batch, broadcast, bias, threads, seed):
+    rng = np.random.default_rng(seed)
+    x, y = bf(rng, batch + (m, k), 2.0), bf(rng, ((1,) if broadcast and batch else batch) + (k, n))
+    b = rng.standard_normal(n).astype(np.float32) if bias else None
+    set_threads(threads)
+    got = float_ops._matmul(native.library(), _Outputs(), x, y, b, -math.inf, math.inf, True)
+    xb = np.broadcast_to(x, np.broadcast_shapes(x.shape, y.shape[:-2] + x.shape[-2:])).reshape(-1, m, k)
+    yb = np.broadcast_to(y, xb.shape[:1] + y.shape[-2:]) if y.ndim > 2 else np.broadcast_to(y, (xb.shape[0], k, n))
+    want = np.stack([M.matmul(xi, yi, to_bf16=False) for xi, yi in zip(xb, yb)])
+    want = M.bf16(want + (b if bias else np.float32(0))).reshape(got.shape)
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+def test_the_checks_see_one_element_unrounded(isa):
+    """The comparison above fails for a conv whose output has one element short of its rounding."""
+    rng = np.random.default_rng(4)
+    x, w, b = bf(rng, (1, 3, 6, 6)), bf(rng, (4, 3, 3, 3)), rng.standard_normal(4).astype(np.float32)
+    attrs = {"groups": 1, "pad": [1] * 4, "stride": [1, 1], "dilation": [1, 1],
+             "output_min": bf16_arith.F32_MIN_BITS, "output_max": bf16_arith.F32_MAX_BITS}
+    want = M.conv2d(x, w, b, (1, 1), (1,) * 4)
+    good = np.array(float_ops.FloatConv(w, b, attrs, False, True)(x))
+    raw = float_ops.FloatConv(w, b, attrs, False, False)(x)
+    assert np.array_equal(good, want) and not np.array_equal(raw, want)
+    i = int(np.flatnonzero(good.ravel() != raw.ravel())[0])
+    good.reshape(-1)[i] = raw.reshape(-1)[i]
+    assert np.count_nonzero(good != want) == 1
