@@ -167,14 +167,29 @@ def _run_nodes(nodes, env):
     return env[f"%{len(nodes) - 1}"]
 
 
-def _elementwise(st, rtype):
+def elementwise_parts(st):
+    """(operand types, nodes, constants, operand maps) of a torq_hl.elementwise step."""
     a = st.attrs
     types, nodes = parse_body(a["body"])
     consts = {f"c{j}": np.float32(c) for j, c in enumerate(a["constants"])}
     maps, pos, specs = list(a["maps"]), 0, []
     while pos < len(maps):
-        specs.append(maps[pos + 1:pos + 1 + maps[pos]])
+        specs.append([int(d) for d in maps[pos + 1:pos + 1 + maps[pos]]])
         pos += 1 + maps[pos]
+    return types, nodes, consts, specs
+
+
+def bf16_table(st, rtype):
+    """A one-input bf16 body's 65536 results (computed by its nodes), or None for other bodies."""
+    types, nodes, consts, _ = elementwise_parts(st)
+    if list(types) != ["a0"] or types["a0"] != "bf16" or any(r.startswith("i") for _, _, refs in nodes for r in refs):
+        return None
+    grid = (np.arange(1 << 16, dtype=np.uint32) << 16).view(np.float32)
+    return np.asarray(_run_nodes(nodes, {"a0": grid, **consts})).astype(rtype)
+
+
+def _elementwise(st, rtype):
+    types, nodes, consts, specs = elementwise_parts(st)
     n, shape = len(st.shape), tuple(st.shape)
 
     def evaluate(args, rounding=None):
@@ -184,11 +199,8 @@ def _elementwise(st, rtype):
         env.update(consts)
         return np.broadcast_to(_run_nodes(nodes, env), shape).astype(rtype)
 
-    if list(types) == ["a0"] and types["a0"] == "bf16" and int(np.prod(shape)) >= 4096 \
-            and not any(r.startswith("i") for _, _, refs in nodes for r in refs):
-        grid = (np.arange(1 << 16, dtype=np.uint32) << 16).view(np.float32)
-        table = np.asarray(_run_nodes(nodes, {"a0": grid, **consts})).astype(rtype)
-
+    table = bf16_table(st, rtype) if int(np.prod(shape)) >= 4096 else None
+    if table is not None:
         def lookup(args, rounding=None):
             x = lay(args[0], specs[0], n)
             idx = np.ascontiguousarray(x, np.float32).view(np.uint32) >> 16

@@ -1,5 +1,5 @@
-"""Build the native kernels (``conv.c``, ``depthwise.c``, ``eltwise.c``, ``float_conv.c``, ``pool.c``) for this CPU once,
-cache the library by content.
+"""Build the native kernels (``conv.c``, ``depthwise.c``, ``eltwise.c``, ``float_conv.c``, ``float_eltwise.c``,
+``pool.c``) for this CPU once, cache the library by content.
 
 The C source is compiled at first use with the system C compiler (``$CC``, else ``cc`` /
 ``gcc`` / ``clang``) for the host CPU (``-march=native``: AVX512-VNNI where the CPU has it, a
@@ -26,7 +26,8 @@ import threading
 from pathlib import Path
 
 _HERE = Path(__file__).resolve().parent
-_UNITS = (_HERE / "conv.c", _HERE / "depthwise.c", _HERE / "eltwise.c", _HERE / "float_conv.c", _HERE / "pool.c")
+_UNITS = (_HERE / "conv.c", _HERE / "depthwise.c", _HERE / "eltwise.c", _HERE / "float_conv.c", _HERE / "float_eltwise.c",
+          _HERE / "pool.c")
 SOURCES = (*_UNITS, _HERE / "common.h", _HERE / "pool.h", _HERE.parent.parent / "numerics" / "bf16.h",
            _HERE.parent.parent / "numerics" / "act.h")
 _BASE_FLAGS = ["-O3", "-std=gnu11", "-fPIC", "-shared", "-pthread", "-ffp-contract=off", "-fno-strict-aliasing"]
@@ -179,7 +180,11 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.torq_maxpool_i8.argtypes = [p, p, i, p, i]
     lib.torq_conv_f32.argtypes = [p, p, p, p, ctypes.POINTER(TorqFgeom), i]
     lib.torq_matmul_f32.argtypes = [p, p, p, p] + [i] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_float] * 2 + [i, i]
-    for fn in (lib.torq_conv_f32, lib.torq_matmul_f32, lib.torq_float_features, lib.torq_conv_i8, lib.torq_conv_amx_i8, lib.torq_dw_i8, lib.torq_fc_i8, lib.torq_requant_i8,
+    lib.torq_add_f32.argtypes = [p, p, p, ctypes.c_long, i, i]
+    lib.torq_lut16_f32.argtypes = [p, p, p, ctypes.c_long, i]
+    lib.torq_maxpool_f32.argtypes = [p, p, i, i, i, p, i]
+    for fn in (lib.torq_conv_f32, lib.torq_matmul_f32, lib.torq_float_features, lib.torq_add_f32, lib.torq_lut16_f32,
+               lib.torq_maxpool_f32, lib.torq_conv_i8, lib.torq_conv_amx_i8, lib.torq_dw_i8, lib.torq_fc_i8, lib.torq_requant_i8,
                lib.torq_features, lib.torq_amx_init, lib.torq_add_i8, lib.torq_gap_i8, lib.torq_maxpool_i8):
         fn.restype = i
     lib.amx = bool(lib.torq_features() & 4) and os.environ.get("TORQ_NATIVE_AMX", "1") != "0" and bool(lib.torq_amx_init())

@@ -1,5 +1,6 @@
 """Native kernels of the bf16 / f32 contractions (``float_conv.c``): conv2d, depthwise_conv2d,
-fully_connected and matmul with bias, clamp and the bf16 rounding fused.
+fully_connected and matmul with bias, clamp and the bf16 rounding fused; and of the float max
+pool, the elementwise add and the one-input bf16 bodies (``float_eltwise.c``).
 
 The arithmetic is ``numerics.bf16_arith``'s, the accumulation order included (one SIMD lane per
 output walking k in the model's order), so the results are the reference kernels' bits
@@ -10,11 +11,13 @@ match the weights) runs on the reference kernel.
 from __future__ import annotations
 
 import ctypes
+import weakref
 
 import numpy as np
 
 from ... import numerics
 from ..kernels.float_gemm import conv_out_hw
+from ..kernels.gemm import _pads
 from ..ops import _cached_plan
 from .build import TorqFgeom, library
 from .ops import _Outputs, _address, _threads
@@ -28,8 +31,24 @@ def _c(x) -> np.ndarray:
     return x if x.dtype == _F32 and x.flags.c_contiguous else np.ascontiguousarray(x, _F32)
 
 
+_SLACKED: dict = {}                      # id -> weakref of the outputs made by _out (SLACK follows each)
+
+
+def _out(outputs: _Outputs, shape) -> tuple[np.ndarray, int]:
+    """This thread's float output array of a step (SLACK zeroed floats follow it)."""
+    out, addr = outputs.get(shape, _F32, SLACK)
+    if id(out) not in _SLACKED:
+        if len(_SLACKED) > 4096:
+            _SLACKED.clear()
+        _SLACKED[id(out)] = weakref.ref(out)
+    return out, addr
+
+
 def _slack_follows(x: np.ndarray) -> bool:
     """Whether SLACK readable floats follow x in memory (x is then its own plane: no copy)."""
+    known = _SLACKED.get(id(x))
+    if known is not None and known() is x:
+        return True
     root = x
     while isinstance(root.base, np.ndarray):
         root = root.base
@@ -111,7 +130,7 @@ class FloatConv:
         if geo is None:
             return None
         (_, gref, _, _, _, wptr), oshape = geo
-        out, addr = self.outputs.get(oshape, _F32, SLACK)
+        out, addr = _out(self.outputs, oshape)
         self.lib.torq_conv_f32(_address(x), addr, wptr, self.bias.ctypes.data, gref, _threads())
         return out
 
@@ -129,7 +148,7 @@ def _matmul(lib, outputs, x, y, bias, lo, hi, bf16):
             return _c(a), 0
         return np.ascontiguousarray(np.broadcast_to(a, batch + a.shape[-2:]), _F32), a.shape[-2] * a.shape[-1]
     (xa, sx), (ya, sy) = operand(x), operand(y)
-    out, addr = outputs.get(batch + (m, n), _F32)
+    out, addr = _out(outputs, batch + (m, n))
     lib.torq_matmul_f32(_address(xa), _address(ya), addr, 0 if bias is None else bias.ctypes.data, nb, m, k, n,
                         sx, sy, m * n, lo, hi, int(bf16), _threads())
     return out
@@ -138,11 +157,14 @@ def _matmul(lib, outputs, x, y, bias, lo, hi, bf16):
 def _conv_step(st, reference):
     a, depthwise = st.attrs, st.op.endswith("depthwise_conv2d")
     plan = _cached_plan(lambda w, b: FloatConv(w, b, a, depthwise, st.dtype == "bf16"))
+    shape = tuple(int(d) for d in st.shape)
 
     def fn(args, rounding):
         w, bias, x = args
         out = plan(w, bias)(x) if x.dtype.kind == "f" else None
-        return reference(args, rounding) if out is None else out.reshape(st.shape)
+        if out is None:
+            return reference(args, rounding)
+        return out if out.shape == shape else out.reshape(shape)
     return fn
 
 
@@ -174,5 +196,63 @@ def _matmul_step(st, reference):
     return fn
 
 
+def _elementwise_step(st, reference):
+    """An add of two same-shaped operands, or a one-input bf16 body the reference runs as its
+    65536-entry table; other bodies stay on the reference kernel (None)."""
+    from ..float_ops import bf16_table, elementwise_parts
+    types, nodes, _, specs = elementwise_parts(st)
+    shape, ident = tuple(int(d) for d in st.shape), list(range(len(st.shape)))
+    lib, outputs = library(), _Outputs()
+    if len(nodes) == 1 and nodes[0][0] == "add" and nodes[0][2] == ["a0", "a1"] and specs == [ident, ident] \
+            and nodes[0][1] in ("bf16", "f32"):
+        bf16 = int(nodes[0][1] == "bf16")
+
+        def add(args, rounding):
+            a, b = args
+            if a.shape != shape or b.shape != shape or a.dtype != _F32 or b.dtype != _F32:
+                return reference(args, rounding)
+            a, b = _c(a), _c(b)
+            out, addr = _out(outputs, shape)
+            lib.torq_add_f32(_address(a), _address(b), addr, a.size, bf16, _threads())
+            return out
+        return add
+    table = bf16_table(st, np.float32) if int(np.prod(shape)) >= 4096 and specs == [ident] else None
+    if table is None:
+        return None
+    table = np.ascontiguousarray(table)
+
+    def lookup(args, rounding):
+        (x,) = args
+        if x.shape != shape or x.dtype != _F32:
+            return reference(args, rounding)
+        x = _c(x)
+        out, addr = _out(outputs, shape)
+        lib.torq_lut16_f32(_address(x), table.ctypes.data, addr, x.size, _threads())
+        return out
+    return lookup
+
+
+def _maxpool_step(st, reference):
+    a = st.attrs
+    (kh, kw), (sh, sw), (dh, dw) = (np.broadcast_to(np.asarray(a[k], int), (2,)) for k in ("kernel", "stride", "dilation"))
+    pl, pr, pt, pb = _pads(list(a["pad"]))
+    lib, outputs = library(), _Outputs()
+
+    def fn(args, rounding):
+        (x,) = args
+        if x.ndim != 4 or x.dtype != _F32:
+            return reference(args, rounding)
+        n, c, h, w = x.shape
+        oh, ow = conv_out_hw(h, w, (kh, kw), (pl, pr, pt, pb), (sh, sw), (dh, dw))
+        if (n, c, oh, ow) != tuple(st.shape) or min(pl, pr, pt, pb) < 0:
+            return reference(args, rounding)
+        x = _c(x)
+        geo = np.array([kh, kw, sh, sw, dh, dw, pt, pl, oh, ow], np.int32)
+        out, addr = _out(outputs, (n, c, oh, ow))
+        lib.torq_maxpool_f32(_address(x), addr, n * c, h, w, geo.ctypes.data, _threads())
+        return out
+    return fn
+
+
 FLOAT_MAKERS = {"conv2d": _conv_step, "depthwise_conv2d": _conv_step, "fully_connected": _fc_step,
-                "matmul": _matmul_step}
+                "matmul": _matmul_step, "elementwise": _elementwise_step, "maxpool2d": _maxpool_step}
