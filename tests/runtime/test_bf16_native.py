@@ -80,8 +80,9 @@ def test_matmul_bit_exact(isa, m, k, n, batch, broadcast, bias, threads, seed):
     b = rng.standard_normal(n).astype(np.float32) if bias else None
     set_threads(threads)
     got = float_ops._matmul(native.library(), _Outputs(), x, y, b, -math.inf, math.inf, True)
-    xb = np.broadcast_to(x, np.broadcast_shapes(x.shape, y.shape[:-2] + x.shape[-2:])).reshape(-1, m, k)
-    yb = np.broadcast_to(y, xb.shape[:1] + y.shape[-2:]) if y.ndim > 2 else np.broadcast_to(y, (xb.shape[0], k, n))
+    bshape = np.broadcast_shapes(x.shape[:-2], y.shape[:-2])
+    xb = np.broadcast_to(x, bshape + (m, k)).reshape(-1, m, k)
+    yb = np.broadcast_to(y, bshape + (k, n)).reshape(-1, k, n)
     want = np.stack([M.matmul(xi, yi, to_bf16=False) for xi, yi in zip(xb, yb)])
     want = M.bf16(want + (b if bias else np.float32(0))).reshape(got.shape)
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
@@ -100,3 +101,33 @@ def test_the_checks_see_one_element_unrounded(isa):
     i = int(np.flatnonzero(good.ravel() != raw.ravel())[0])
     good.reshape(-1)[i] = raw.reshape(-1)[i]
     assert np.count_nonzero(good != want) == 1
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(k=st.tuples(st.integers(1, 3), st.integers(1, 3)), s=st.tuples(st.integers(1, 3), st.integers(1, 3)),
+       d=st.tuples(st.integers(1, 2), st.integers(1, 2)), pad=st.lists(st.integers(0, 1), min_size=4, max_size=4),
+       hw=st.tuples(st.integers(1, 12), st.integers(1, 40)), nan=st.booleans(), seed=st.integers(0, 2 ** 16))
+def test_max_pool_bit_exact(isa, k, s, d, pad, hw, nan, seed):
+    """Max over each window with -inf padding, NaN propagating (an independent window loop)."""
+    rng = np.random.default_rng(seed)
+    x = bf(rng, (2, 3) + hw)
+    if nan:
+        x[1, 2, rng.integers(hw[0]), rng.integers(hw[1])] = np.nan
+    pl, pr, pt, pb = pad
+    oh = (hw[0] + pt + pb - d[0] * (k[0] - 1) - 1) // s[0] + 1
+    ow = (hw[1] + pl + pr - d[1] * (k[1] - 1) - 1) // s[1] + 1
+    if oh < 1 or ow < 1:
+        return
+    xp = np.pad(x, ((0, 0), (0, 0), (pt, pb), (pl, pr)), constant_values=-np.inf)
+    want = np.empty((2, 3, oh, ow), np.float32)
+    for p in range(oh):
+        for q in range(ow):
+            win = xp[:, :, p * s[0]:p * s[0] + d[0] * (k[0] - 1) + 1:d[0], q * s[1]:q * s[1] + d[1] * (k[1] - 1) + 1:d[1]]
+            want[:, :, p, q] = np.where(np.isnan(win).any(axis=(2, 3)), np.nan, win.max(axis=(2, 3)))
+
+    class Step:
+        attrs = {"kernel": list(k), "stride": list(s), "dilation": list(d), "pad": pad}
+        shape = (2, 3, oh, ow)
+    set_threads(2)
+    got = float_ops.FLOAT_MAKERS["maxpool2d"](Step, lambda args, r: None)([x], "native")
+    assert got is not None and np.array_equal(got, want, equal_nan=True)
