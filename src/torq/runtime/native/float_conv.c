@@ -21,6 +21,7 @@
 #include "common.h"
 
 #define SLACK 128       /* floats readable past a plane's end (16 * the largest PV) */
+#define WPREF 384       /* weights prefetched this many floats ahead (a weight block streams once per tile) */
 #define FRO 6           /* output channels per weight block (conv) */
 #define GRM 4           /* rows per register tile (matmul) */
 #define GNV 4           /* 16-column vectors per register tile (matmul) */
@@ -142,6 +143,7 @@ static inline int g_L(const fjob *j)
             const float *xc = xg + (int64_t)c * g->cstride + p0;                                 \
             for (int t = 0; t < g->T; t++, wb += g->RO) {                                        \
                 const float *xp = xc + g->tap_off[t];                                            \
+                _mm_prefetch((const char *)(wb + WPREF), _MM_HINT_T0);                           \
                 __m512 xv[PV_];                                                                  \
                 for (int v = 0; v < PV_; v++)                                                    \
                     xv[v] = _mm512_loadu_ps(xp + 16 * v);                                        \
