@@ -154,6 +154,17 @@ def test_average_pool_sums_in_order_and_divides_once(include):
     assert compiled.report.lowered.get("avg_pool2d") == 1
 
 
+def test_global_average_pool_adds_in_row_major_order():
+    rng = np.random.default_rng(15)
+    model = build([helper.make_node("GlobalAveragePool", ["x"], ["y"])], [("x", [2, 5, 7, 9])], [("y", [2, 5, 1, 1])], {})
+    x = rand(rng, (2, 5, 7, 9), 50.0)
+    _, v, compiled = nss(model, {"x": x})
+    want = M.bf16([[np.float32(M.ordered_sum(v["x"][i, c])) / np.float32(63) for c in range(5)] for i in range(2)])
+    for engine in ("native", "reference"):
+        (y,) = nss_simulator(compiled, engine).run([v["x"]])
+        assert np.array_equal(y.reshape(2, 5), want), engine
+
+
 def test_reduce_mean_and_max_pool():
     rng = np.random.default_rng(8)
     model = build([helper.make_node("ReduceMean", ["x"], ["m"], axes=[2, 3], keepdims=1),

@@ -73,13 +73,15 @@ def test_conv_bit_exact(isa, data):
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(m=st.integers(1, 9), k=st.integers(1, 40), n=st.integers(1, 70), batch=st.sampled_from([(), (2,), (2, 3)]),
-       broadcast=st.booleans(), bias=st.booleans(), threads=st.integers(1, 2), seed=st.integers(0, 2 ** 16))
-def test_matmul_bit_exact(isa, m, k, n, batch, broadcast, bias, threads, seed):
+       broadcast=st.booleans(), bias=st.booleans(), threads=st.integers(1, 2), panels=st.booleans(),
+       seed=st.integers(0, 2 ** 16))
+def test_matmul_bit_exact(isa, m, k, n, batch, broadcast, bias, threads, panels, seed):
     rng = np.random.default_rng(seed)
     x, y = bf(rng, batch + (m, k), 2.0), bf(rng, ((1,) if broadcast and batch else batch) + (k, n))
     b = rng.standard_normal(n).astype(np.float32) if bias else None
     set_threads(threads)
-    got = float_ops._matmul(native.library(), _Outputs(), x, y, b, -math.inf, math.inf, True)
+    packed = float_ops.pack_panels(y) if panels and y.ndim == 2 else None        # a weight (fully connected)
+    got = float_ops._matmul(native.library(), _Outputs(), x, y, b, -math.inf, math.inf, True, packed)
     bshape = np.broadcast_shapes(x.shape[:-2], y.shape[:-2])
     xb = np.broadcast_to(x, bshape + (m, k)).reshape(-1, m, k)
     yb = np.broadcast_to(y, bshape + (k, n)).reshape(-1, k, n)

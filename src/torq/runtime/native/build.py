@@ -179,7 +179,7 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.torq_gap_i8.argtypes = [p, p, ctypes.c_long, ctypes.c_long, i, ctypes.c_int64] + [i] * 6 + [ctypes.c_float]
     lib.torq_maxpool_i8.argtypes = [p, p, i, p, i]
     lib.torq_conv_f32.argtypes = [p, p, p, p, ctypes.POINTER(TorqFgeom), i]
-    lib.torq_matmul_f32.argtypes = [p, p, p, p] + [i] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_float] * 2 + [i, i]
+    lib.torq_matmul_f32.argtypes = [p, p, p, p] + [i] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_float] * 2 + [i, i, i]
     lib.torq_add_f32.argtypes = [p, p, p, ctypes.c_long, i, i]
     lib.torq_lut16_f32.argtypes = [p, p, p, ctypes.c_long, i]
     lib.torq_maxpool_f32.argtypes = [p, p, i, i, i, p, i]

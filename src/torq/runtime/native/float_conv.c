@@ -296,7 +296,14 @@ typedef struct {
     int M, K, N, nmb, nnb, bf16;
     int64_t sA, sB, sC;
     float lo, hi;
+    int packed;                     /* B is [ceil(N / 64)][K][64] (a weight), else [K][N] */
 } gjob;
+
+/* B[k][n0 ..]: in a packed B, 64-column panels stream sequentially over k */
+static inline const float *b_at(const gjob *j, const float *B, int k, int n0)
+{
+    return j->packed ? B + ((int64_t)(n0 / 64) * j->K + k) * 64 + n0 % 64 : B + (int64_t)k * j->N + n0;
+}
 
 #if TORQ_F512
 static inline __attribute__((always_inline)) void
@@ -310,7 +317,9 @@ gtile(const gjob *j, const float *A, const float *B, float *C, int m0, int n0, c
     }
     const float *a = A + (int64_t)m0 * j->K;
     for (int k = 0; k < j->K; k++) {
-        const float *b = B + (int64_t)k * j->N + n0;
+        const float *b = b_at(j, B, k, n0);
+        if (j->packed)
+            _mm_prefetch((const char *)(b + 8 * 64), _MM_HINT_T0);
         __m512 bv[GNV];
         for (int v = 0; v < GNV; v++)
             bv[v] = masked ? _mm512_maskz_loadu_ps(lane_mask(rem - 16 * v), b + 16 * v) : _mm512_loadu_ps(b + 16 * v);
@@ -365,18 +374,20 @@ static void gemm_chunk(void *ctx, int i)
         for (int n = n0; n < n1; n++) {
             float acc = 0.0f;
             for (int k = 0; k < j->K; k++)
-                acc = torq_fma32(acc, A[(int64_t)r * j->K + k], B[(int64_t)k * j->N + n]);
+                acc = torq_fma32(acc, A[(int64_t)r * j->K + k], *b_at(j, B, k, n));
             C[(int64_t)r * j->N + n] = torq_bf16_finish(acc, j->bias ? j->bias[n] : 0.0f, j->lo, j->hi, j->bf16);
         }
 #endif
 }
 
 /* C[b] = finish(A[b] [M, K] @ B[b] [K, N] + bias [N]) for b < batch (batch strides in floats;
- * 0 broadcasts an operand); bias may be NULL */
+ * 0 broadcasts an operand); bias may be NULL; a packed B (one weight, sB = 0) is in 64-column
+ * panels, zero-padded to a multiple of 64 columns */
 int torq_matmul_f32(const float *A, const float *B, float *C, const float *bias, int batch, int M, int K, int N,
-                    int64_t sA, int64_t sB, int64_t sC, float lo, float hi, int bf16, int nthreads)
+                    int64_t sA, int64_t sB, int64_t sC, float lo, float hi, int bf16, int packed, int nthreads)
 {
-    gjob j = {A, B, bias, C, M, K, N, (M + GRM - 1) / GRM, (N + 16 * GNV - 1) / (16 * GNV), bf16, sA, sB, sC, lo, hi};
+    gjob j = {A, B, bias, C, M, K, N, (M + GRM - 1) / GRM, (N + 16 * GNV - 1) / (16 * GNV), bf16, sA, sB, sC, lo, hi,
+              packed};
     torq_parallel_for(batch * j.nmb * j.nnb, gemm_chunk, &j, nthreads);
     return 0;
 }

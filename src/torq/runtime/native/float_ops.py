@@ -135,11 +135,27 @@ class FloatConv:
         return out
 
 
-def _matmul(lib, outputs, x, y, bias, lo, hi, bf16):
-    """finish(x [..., M, K] @ y [..., K, N] + bias) on the native kernel (batch dims broadcast)."""
+def pack_panels(wt: np.ndarray) -> np.ndarray:
+    """A weight [K, N] in the 64-column panels float_conv.c streams: [ceil(N / 64)][K][64]."""
+    k, n = wt.shape
+    nb = -(-n // 64)
+    buf = np.zeros((k, nb * 64), _F32)
+    buf[:, :n] = wt
+    return np.ascontiguousarray(buf.reshape(k, nb, 64).transpose(1, 0, 2))
+
+
+def _matmul(lib, outputs, x, y, bias, lo, hi, bf16, panels=None):
+    """finish(x [..., M, K] @ y [..., K, N] + bias) on the native kernel (batch dims broadcast);
+    ``panels``: y packed by ``pack_panels`` (a weight)."""
     batch = np.broadcast_shapes(x.shape[:-2], y.shape[:-2])
     nb = int(np.prod(batch))
     (m, k), n = x.shape[-2:], y.shape[-1]
+    if panels is not None:
+        xa = _c(x)
+        out, addr = _out(outputs, batch + (m, n))
+        lib.torq_matmul_f32(_address(xa), panels.ctypes.data, addr, 0 if bias is None else bias.ctypes.data, nb, m, k,
+                            n, m * k, 0, m * n, lo, hi, int(bf16), 1, _threads())
+        return out
 
     def operand(a):
         if int(np.prod(a.shape[:-2])) == nb:
@@ -150,7 +166,7 @@ def _matmul(lib, outputs, x, y, bias, lo, hi, bf16):
     (xa, sx), (ya, sy) = operand(x), operand(y)
     out, addr = _out(outputs, batch + (m, n))
     lib.torq_matmul_f32(_address(xa), _address(ya), addr, 0 if bias is None else bias.ctypes.data, nb, m, k, n,
-                        sx, sy, m * n, lo, hi, int(bf16), _threads())
+                        sx, sy, m * n, lo, hi, int(bf16), 0, _threads())
     return out
 
 
@@ -170,16 +186,16 @@ def _conv_step(st, reference):
 
 def _fc_step(st, reference):
     lo, hi = _clamp(st.attrs)
-    plan = _cached_plan(lambda w, b: (np.ascontiguousarray(np.asarray(w, _F32).T),
-                                      np.ascontiguousarray(np.asarray(b, _F32).reshape(-1))))
+    plan = _cached_plan(lambda w, b: (np.shape(w)[::-1], np.ascontiguousarray(np.asarray(b, _F32).reshape(-1)),
+                                      pack_panels(np.asarray(w, _F32).T)))
     lib, outputs = library(), _Outputs()
 
     def fn(args, rounding):
         w, bias, x = args
-        wt, b = plan(w, bias)
-        if x.dtype.kind != "f" or x.shape[-1] != wt.shape[0] or b.size != wt.shape[1]:
+        (k, n), b, panels = plan(w, bias)
+        if x.dtype.kind != "f" or x.shape[-1] != k or b.size != n:
             return reference(args, rounding)
-        out = _matmul(lib, outputs, x.reshape(-1, x.shape[-1]), wt, b, lo, hi, st.dtype == "bf16")
+        out = _matmul(lib, outputs, x.reshape(-1, k), np.empty((k, n), _F32), b, lo, hi, st.dtype == "bf16", panels)
         return out.reshape(st.shape)
     return fn
 
@@ -254,5 +270,28 @@ def _maxpool_step(st, reference):
     return fn
 
 
-FLOAT_MAKERS = {"conv2d": _conv_step, "depthwise_conv2d": _conv_step, "fully_connected": _fc_step,
+def _avgpool_step(st, reference):
+    """A global average pool (the window is the whole unpadded plane) as ones[1, HW] @ x^T: one
+    lane per plane adding its HW values in row-major order, as the model's window sum does;
+    then the fp32 division and the one rounding of the reference kernel. Other pools: None."""
+    a = st.attrs
+    if any(int(p) for p in a["pad"]):
+        return None
+    kernel = [int(v) for v in a["kernel"]]
+    lib, outputs = library(), _Outputs()
+
+    def fn(args, rounding):
+        (x,) = args
+        if x.ndim != 4 or x.dtype != _F32 or list(x.shape[2:]) != kernel:
+            return reference(args, rounding)
+        n, c, h, w = x.shape
+        xt = np.ascontiguousarray(x.reshape(n * c, h * w).T)
+        acc = _matmul(lib, outputs, np.ones((1, h * w), _F32), xt, None, -np.inf, np.inf, False)
+        with np.errstate(all="ignore"):
+            y = acc / _F32(h * w)
+        return numerics.bf16_arith.round_to(y, st.dtype).reshape(st.shape)
+    return fn
+
+
+FLOAT_MAKERS = {"avg_pool2d": _avgpool_step, "conv2d": _conv_step, "depthwise_conv2d": _conv_step, "fully_connected": _fc_step,
                 "matmul": _matmul_step, "elementwise": _elementwise_step, "maxpool2d": _maxpool_step}
