@@ -60,7 +60,7 @@ class TorqFgeom(ctypes.Structure):
     """torq_fgeom of float_conv.c: one float convolution's geometry."""
     _fields_ = [(n, ctypes.c_int32) for n in (
         "N", "C", "H", "W", "G", "Cg", "Og", "OH", "OW", "T", "nph", "rows", "Wq", "sh", "sw", "pt", "pl", "L",
-        "RO", "PV", "direct", "bf16")] + [("lo", ctypes.c_float), ("hi", ctypes.c_float),
+        "RO", "PV", "direct", "bf16", "rowtile")] + [("lo", ctypes.c_float), ("hi", ctypes.c_float),
                                           ("cstride", ctypes.c_int64), ("phstride", ctypes.c_int64),
                                           ("ph_ab", ctypes.c_void_p), ("tap_off", ctypes.c_void_p)]
 

@@ -33,6 +33,7 @@ typedef struct {
     int32_t RO, PV;                 /* weight block (channels), 16-pixel vectors per tile */
     int32_t direct;                 /* the input is the plane (no padding, stride 1) */
     int32_t bf16;
+    int32_t rowtile;                /* a tile is one output row (depthwise: no wide columns to drop) */
     float lo, hi;
     int64_t cstride, phstride;      /* floats between channel planes / between phases */
     const int32_t *ph_ab;           /* [nph][2] row / column residue of each phase */
@@ -181,15 +182,33 @@ static inline int g_L(const fjob *j)
     }
 
 FTILE(1, 8) FTILE(1, 4) FTILE(2, 4) FTILE(3, 4) FTILE(4, 4) FTILE(5, 4) FTILE(6, 4)
+
+/* One output row r of one channel (RO == 1) in NV_ vectors, stored straight into the output */
+#define FROW(NV_)                                                                                \
+    static void frow_##NV_(const fjob *j, const float *xg, int grp, int ob, int r)               \
+    {                                                                                            \
+        const int p0 = r * j->g->Wq;                                                             \
+        __m512 acc[1][NV_];                                                                      \
+        FTILE_LOOP(1, NV_)                                                                       \
+        const torq_fgeom *g = j->g;                                                              \
+        const int oc = grp * g->Og + ob;                                                         \
+        float *op = j->out + ((int64_t)oc * g->OH + r) * g->OW;                                  \
+        const __m512 bv = _mm512_set1_ps(j->bias[oc]), lo = _mm512_set1_ps(g->lo), hi = _mm512_set1_ps(g->hi); \
+        for (int v = 0; v < NV_; v++)                                                            \
+            _mm512_mask_storeu_ps(op + 16 * v, lane_mask(g->OW - 16 * v),                        \
+                                  torq_bf16_finish_x16(acc[0][v], bv, lo, hi, g->bf16));         \
+    }
+FROW(1) FROW(2) FROW(3) FROW(4) FROW(5) FROW(6) FROW(7) FROW(8)
+typedef void (*frow_fn)(const fjob *, const float *, int, int, int);
+static const frow_fn FROWS[9] = {0, frow_1, frow_2, frow_3, frow_4, frow_5, frow_6, frow_7, frow_8};
 typedef void (*ftile_fn)(const fjob *, const float *, int, int, int);
 static const ftile_fn FTILES[FRO + 1] = {0, ftile_1_4, ftile_2_4, ftile_3_4, ftile_4_4, ftile_5_4, ftile_6_4};
 
 #else   /* portable: the same lanes and order, one output at a time */
 
-static void ftile_portable(const fjob *j, const float *xg, int grp, int ob, int p0, int ro)
+static void ftile_portable(const fjob *j, const float *xg, int grp, int ob, int p0, int end, int ro)
 {
     const torq_fgeom *g = j->g;
-    const int end = p0 + 16 * g->PV < g->L ? p0 + 16 * g->PV : g->L;
     float vals[128];
     for (int o = 0; o < ro; o++) {
         const int oc = grp * g->Og + ob * g->RO + o;
@@ -212,15 +231,18 @@ static void ftile_portable(const fjob *j, const float *xg, int grp, int ob, int 
 static inline void conv_tile(const fjob *j, const float *xg, int grp, int ob, int tile)
 {
     const torq_fgeom *g = j->g;
-    const int p0 = tile * 16 * g->PV;
+    const int p0 = g->rowtile ? tile * g->Wq : tile * 16 * g->PV;
     const int ro = g->Og - ob * g->RO < g->RO ? g->Og - ob * g->RO : g->RO;
 #if TORQ_F512
-    if (g->PV == 8)
+    if (g->rowtile)
+        FROWS[(g->OW + 15) / 16](j, xg, grp, ob, tile);
+    else if (g->PV == 8)
         ftile_1_8(j, xg, grp, ob, p0);
     else
         FTILES[ro](j, xg, grp, ob, p0);
 #else
-    ftile_portable(j, xg, grp, ob, p0, ro);
+    const int end = g->rowtile ? p0 + g->OW : (p0 + 16 * g->PV < g->L ? p0 + 16 * g->PV : g->L);
+    ftile_portable(j, xg, grp, ob, p0, end, ro);
 #endif
 }
 
@@ -262,7 +284,7 @@ int torq_conv_f32(const float *x, float *out, const float *w, const float *bias,
                   int nthreads)
 {
     fjob j = {g, NULL, w, bias, NULL, NULL, 0, (g->Og + g->RO - 1) / g->RO, 0};
-    j.ntiles = (g->L + 16 * g->PV - 1) / (16 * g->PV);
+    j.ntiles = g->rowtile ? g->OH : (g->L + 16 * g->PV - 1) / (16 * g->PV);
     j.tiles_fastest = g->Cg * g->T <= 32 || (int64_t)g->G * g->Og * g->Cg * g->T > (int64_t)g->C * g->cstride * g->nph;
     const int local = g->G > 1 && !g->direct;        /* planes per group, phstride = Cg planes */
     float *planes = NULL;

@@ -121,6 +121,7 @@ class FloatConv:
         packed, ro = self._pack(groups)
         g = TorqFgeom(n, c, h, w, groups, self.cg, self.O // groups, oh, ow, len(taps), len(phases), rows, wq,
                       sh, sw, pt, pl, (oh - 1) * wq + ow, ro, 8 if ro == 1 else 4, int(direct), int(self.bf16),
+                      int(ro == 1 and 14 <= ow <= 128),
                       self.lo, self.hi, plane, phstride, ph_ab.ctypes.data, tap_off.ctypes.data)
         return (g, ctypes.byref(g), ph_ab, tap_off, packed, packed.ctypes.data), (n, self.O, oh, ow)
 
