@@ -133,3 +133,28 @@ def test_max_pool_bit_exact(isa, k, s, d, pad, hw, nan, seed):
     set_threads(2)
     got = float_ops.FLOAT_MAKERS["maxpool2d"](Step, lambda args, r: None)([x], "native")
     assert got is not None and np.array_equal(got, want, equal_nan=True)
+
+
+@pytest.mark.parametrize("depthwise", [False, True])
+def test_threads_split_large_jobs_bit_exact(isa, depthwise):
+    """Jobs large enough for both threads (small ones run on one: float_threads) give the
+    reference engine's bits (numpy, one pass per k) for any thread count."""
+    from torq.runtime.kernels import float_gemm
+    rng = np.random.default_rng(7)
+    c, o = (48, 48) if depthwise else (24, 40)
+    x, w = bf(rng, (2, c, 37, 45), 2.0), bf(rng, (o, 1 if depthwise else c, 3, 3))
+    b = rng.standard_normal(o).astype(np.float32)
+    attrs = {"groups": 1, "pad": [1, 0, 2, 1], "stride": [1, 2], "dilation": [1, 1], "output_min": 0,
+             "output_max": bf16_arith.F32_MAX_BITS}
+    acc = float_gemm.conv_acc(x, w, attrs["pad"], attrs["stride"], attrs["dilation"], c if depthwise else 1)
+    want = bf16_arith.finish(acc, b[None, :, None, None], 0.0, np.inf, "bf16")
+    for threads in (1, 2):
+        set_threads(threads)
+        got = float_ops.FloatConv(w, b, attrs, depthwise, True)(x)
+        assert np.array_equal(got, want), threads
+    xm, ym = bf(rng, (3, 70, 90)), bf(rng, (90, 130))
+    want = bf16_arith.finish(float_gemm.matmul_acc(xm, ym), np.float32(0), -np.inf, np.inf, "bf16")
+    for threads in (1, 2):
+        set_threads(threads)
+        got = float_ops._matmul(native.library(), _Outputs(), xm, ym, None, -math.inf, math.inf, True)
+        assert np.array_equal(got, want), threads

@@ -136,4 +136,13 @@ static inline void gather_cols(float *d, const float *s, int q0, int q1, int sw)
         d[q] = s[q * sw];
 }
 
+/* Threads for a float job of `work` multiply-adds (or elements): below TORQ_PAR_WORK one thread,
+ * since handing a few microseconds of work to a helper costs more than it saves, most of all on
+ * a loaded host where the helper may not be running (MobileNetV3-small: 212 steps, most tiny) */
+#define TORQ_PAR_WORK (1 << 18)
+static inline int float_threads(int64_t work, int nthreads)
+{
+    return work < TORQ_PAR_WORK ? 1 : nthreads;
+}
+
 #endif

@@ -292,6 +292,7 @@ int torq_conv_f32(const float *x, float *out, const float *w, const float *bias,
         planes = (float *)thread_scratch(sizeof(float) * (g->phstride * g->nph + SLACK));
         memset(planes + g->phstride * g->nph, 0, sizeof(float) * SLACK);
     }
+    nthreads = float_threads((int64_t)g->G * g->Og * g->L * g->Cg * g->T, nthreads);
     for (int n = 0; n < g->N; n++) {
         j.x = x + (int64_t)n * g->C * g->H * g->W;
         j.out = out + (int64_t)n * g->G * g->Og * g->OH * g->OW;
@@ -410,7 +411,7 @@ int torq_matmul_f32(const float *A, const float *B, float *C, const float *bias,
 {
     gjob j = {A, B, bias, C, M, K, N, (M + GRM - 1) / GRM, (N + 16 * GNV - 1) / (16 * GNV), bf16, sA, sB, sC, lo, hi,
               packed};
-    torq_parallel_for(batch * j.nmb * j.nnb, gemm_chunk, &j, nthreads);
+    torq_parallel_for(batch * j.nmb * j.nnb, gemm_chunk, &j, float_threads((int64_t)batch * M * N * K, nthreads));
     return 0;
 }
 

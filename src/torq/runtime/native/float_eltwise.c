@@ -39,7 +39,7 @@ static void add_chunk(void *ctx, int c)
 int torq_add_f32(const float *a, const float *b, float *out, long n, int bf16, int nthreads)
 {
     ejob j = {a, b, NULL, NULL, out, n, bf16};
-    torq_parallel_for((int)((n + ECHUNK - 1) / ECHUNK), add_chunk, &j, nthreads);
+    torq_parallel_for((int)((n + ECHUNK - 1) / ECHUNK), add_chunk, &j, float_threads(n, nthreads));
     return 0;
 }
 
@@ -54,7 +54,7 @@ static void lut_chunk(void *ctx, int c)
 int torq_lut16_f32(const float *x, const float *table, float *out, long n, int nthreads)
 {
     ejob j = {NULL, NULL, table, (const uint32_t *)x, out, n, 0};
-    torq_parallel_for((int)((n + ECHUNK - 1) / ECHUNK), lut_chunk, &j, nthreads);
+    torq_parallel_for((int)((n + ECHUNK - 1) / ECHUNK), lut_chunk, &j, float_threads(n, nthreads));
     return 0;
 }
 
@@ -140,6 +140,7 @@ static void maxpool_chunk(void *ctx, int c)
 int torq_maxpool_f32(const float *x, float *out, int planes, int H, int W, const int32_t *geo, int nthreads)
 {
     mjob m = {x, out, H, W, geo[8], geo[9], geo[0], geo[1], geo[2], geo[3], geo[4], geo[5], geo[6], geo[7]};
-    torq_parallel_for(planes, maxpool_chunk, &m, nthreads);
+    torq_parallel_for(planes, maxpool_chunk, &m,
+                      float_threads((int64_t)planes * m.OH * m.OW * m.kh * m.kw, nthreads));
     return 0;
 }
