@@ -129,17 +129,18 @@ def test_elementwise_nodes_round_each_to_bf16():
     assert np.array_equal(out["z"], M.bf16(d + v["y"][None, None, :]))
 
 
-def test_add_of_two_activations_rounds_once():
-    """Add (same shapes: the native elementwise kernel) and Relu after it (a 65536-entry table):
-    bf16(fl32(x + y)), then max(., 0)."""
+@pytest.mark.parametrize("op,f", [("Add", np.add), ("Sub", np.subtract), ("Mul", np.multiply)])
+def test_binary_op_of_two_activations_rounds_once(op, f):
+    """Add / Sub / Mul (same shapes: the native elementwise kernel) and Relu after it (a
+    65536-entry table): bf16(fl32(x op y)), then max(., 0)."""
     rng = np.random.default_rng(14)
-    model = build([helper.make_node("Add", ["x", "y"], ["s"]), helper.make_node("Relu", ["s"], ["z"])],
+    model = build([helper.make_node(op, ["x", "y"], ["s"]), helper.make_node("Relu", ["s"], ["z"])],
                   [("x", [1, 8, 30, 30]), ("y", [1, 8, 30, 30])], [("z", [1, 8, 30, 30])], {})
     feeds = {"x": rand(rng, (1, 8, 30, 30)), "y": rand(rng, (1, 8, 30, 30), 0.01)}
     out, v, compiled = nss(model, feeds)
     for engine in ("native", "reference"):
         (z,) = nss_simulator(compiled, engine).run([v["x"], v["y"]])
-        assert np.array_equal(z, np.maximum(M.bf16(np.float32(v["x"]) + np.float32(v["y"])), 0)), engine
+        assert np.array_equal(z, np.maximum(M.bf16(f(np.float32(v["x"]), np.float32(v["y"]))), 0)), engine
     assert np.array_equal(out["z"], z)
 
 

@@ -1,8 +1,9 @@
 /* bf16 / f32 elementwise ops and max pool of the native engine (runtime/native/float_ops.py),
  * the reference kernels' values exactly:
  *
- *   torq_add_f32      out = type(fl32(a + b))      (bf16_arith.binary("add"): fp32 IEEE add, then
- *                                                  the node's type: bf16 RNE, numerics/bf16.h)
+ *   torq_binary_f32   out = type(fl32(a op b))     (bf16_arith.binary: op add / sub / mul, one fp32
+ *                                                  IEEE operation, then the node's type: bf16 RNE,
+ *                                                  numerics/bf16.h)
  *   torq_lut16_f32    out = table[bits(x) >> 16]   (a one-input bf16 body: the 65536 results the
  *                                                  reference computed by its nodes)
  *   torq_maxpool_f32  kernels.maxpool: padding is -inf; the max over the kernel's columns, then
@@ -19,27 +20,25 @@ typedef struct {
     const uint32_t *bits;
     float *out;
     long n;
-    int bf16;
+    int bf16, op;                   /* op: 0 add, 1 sub, 2 mul */
 } ejob;
 
 #define ECHUNK 16384
 
-static void add_chunk(void *ctx, int c)
+static void binary_chunk(void *ctx, int c)
 {
     const ejob *j = ctx;
     const long i0 = (long)c * ECHUNK, i1 = i0 + ECHUNK < j->n ? i0 + ECHUNK : j->n;
-    if (j->bf16)
-        for (long i = i0; i < i1; i++)
-            j->out[i] = torq_bf16(j->a[i] + j->b[i]);
-    else
-        for (long i = i0; i < i1; i++)
-            j->out[i] = j->a[i] + j->b[i];
+    for (long i = i0; i < i1; i++) {
+        const float y = j->op == 0 ? j->a[i] + j->b[i] : (j->op == 1 ? j->a[i] - j->b[i] : j->a[i] * j->b[i]);
+        j->out[i] = j->bf16 ? torq_bf16(y) : y;
+    }
 }
 
-int torq_add_f32(const float *a, const float *b, float *out, long n, int bf16, int nthreads)
+int torq_binary_f32(const float *a, const float *b, float *out, long n, int op, int bf16, int nthreads)
 {
-    ejob j = {a, b, NULL, NULL, out, n, bf16};
-    torq_parallel_for((int)((n + ECHUNK - 1) / ECHUNK), add_chunk, &j, float_threads(n, nthreads));
+    ejob j = {a, b, NULL, NULL, out, n, bf16, op};
+    torq_parallel_for((int)((n + ECHUNK - 1) / ECHUNK), binary_chunk, &j, float_threads(n, nthreads));
     return 0;
 }
 
@@ -53,7 +52,7 @@ static void lut_chunk(void *ctx, int c)
 
 int torq_lut16_f32(const float *x, const float *table, float *out, long n, int nthreads)
 {
-    ejob j = {NULL, NULL, table, (const uint32_t *)x, out, n, 0};
+    ejob j = {NULL, NULL, table, (const uint32_t *)x, out, n, 0, 0};
     torq_parallel_for((int)((n + ECHUNK - 1) / ECHUNK), lut_chunk, &j, float_threads(n, nthreads));
     return 0;
 }

@@ -24,6 +24,7 @@ from .ops import _Outputs, _address, _threads
 
 _F32 = np.float32
 RO_MAX = 6                              # output channels per weight block (float_conv.c: FRO)
+BINARY_OPS = {"add": 0, "sub": 1, "mul": 2}   # float_eltwise.c: torq_binary_f32's op
 SLACK = 128                             # floats a plane's last tile may read past its end (float_conv.c)
 
 
@@ -214,15 +215,15 @@ def _matmul_step(st, reference):
 
 
 def _elementwise_step(st, reference):
-    """An add of two same-shaped operands, or a one-input bf16 body the reference runs as its
-    65536-entry table; other bodies stay on the reference kernel (None)."""
+    """An add / sub / mul of two same-shaped operands, or a one-input bf16 body the reference runs
+    as its 65536-entry table; other bodies stay on the reference kernel (None)."""
     from ..float_ops import bf16_table, elementwise_parts
     types, nodes, _, specs = elementwise_parts(st)
     shape, ident = tuple(int(d) for d in st.shape), list(range(len(st.shape)))
     lib, outputs = library(), _Outputs()
-    if len(nodes) == 1 and nodes[0][0] == "add" and nodes[0][2] == ["a0", "a1"] and specs == [ident, ident] \
+    if len(nodes) == 1 and nodes[0][0] in BINARY_OPS and nodes[0][2] == ["a0", "a1"] and specs == [ident, ident] \
             and nodes[0][1] in ("bf16", "f32"):
-        bf16 = int(nodes[0][1] == "bf16")
+        bf16, op = int(nodes[0][1] == "bf16"), BINARY_OPS[nodes[0][0]]
 
         def add(args, rounding):
             a, b = args
@@ -230,7 +231,7 @@ def _elementwise_step(st, reference):
                 return reference(args, rounding)
             a, b = _c(a), _c(b)
             out, addr = _out(outputs, shape)
-            lib.torq_add_f32(_address(a), _address(b), addr, a.size, bf16, _threads())
+            lib.torq_binary_f32(_address(a), _address(b), addr, a.size, op, bf16, _threads())
             return out
         return add
     table = bf16_table(st, np.float32) if int(np.prod(shape)) >= 4096 and specs == [ident] else None
