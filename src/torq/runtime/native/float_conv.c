@@ -181,7 +181,11 @@ static inline int g_L(const fjob *j)
         }                                                                                        \
     }
 
-FTILE(1, 8) FTILE(1, 4) FTILE(2, 4) FTILE(3, 4) FTILE(4, 4) FTILE(5, 4) FTILE(6, 4)
+/* every (channels, vectors) a tile may need: a plane's last tile takes only the vectors it covers */
+FTILE(1, 1) FTILE(1, 2) FTILE(1, 3) FTILE(1, 4) FTILE(1, 5) FTILE(1, 6) FTILE(1, 7) FTILE(1, 8)
+FTILE(2, 1) FTILE(2, 2) FTILE(2, 3) FTILE(2, 4) FTILE(3, 1) FTILE(3, 2) FTILE(3, 3) FTILE(3, 4)
+FTILE(4, 1) FTILE(4, 2) FTILE(4, 3) FTILE(4, 4) FTILE(5, 1) FTILE(5, 2) FTILE(5, 3) FTILE(5, 4)
+FTILE(6, 1) FTILE(6, 2) FTILE(6, 3) FTILE(6, 4)
 
 /* One output row r of one channel (RO == 1) in NV_ vectors, stored straight into the output */
 #define FROW(NV_)                                                                                \
@@ -202,7 +206,12 @@ FROW(1) FROW(2) FROW(3) FROW(4) FROW(5) FROW(6) FROW(7) FROW(8)
 typedef void (*frow_fn)(const fjob *, const float *, int, int, int);
 static const frow_fn FROWS[9] = {0, frow_1, frow_2, frow_3, frow_4, frow_5, frow_6, frow_7, frow_8};
 typedef void (*ftile_fn)(const fjob *, const float *, int, int, int);
-static const ftile_fn FTILES[FRO + 1] = {0, ftile_1_4, ftile_2_4, ftile_3_4, ftile_4_4, ftile_5_4, ftile_6_4};
+static const ftile_fn FTILES[FRO + 1][5] = {
+    {0}, {0, ftile_1_1, ftile_1_2, ftile_1_3, ftile_1_4}, {0, ftile_2_1, ftile_2_2, ftile_2_3, ftile_2_4},
+    {0, ftile_3_1, ftile_3_2, ftile_3_3, ftile_3_4}, {0, ftile_4_1, ftile_4_2, ftile_4_3, ftile_4_4},
+    {0, ftile_5_1, ftile_5_2, ftile_5_3, ftile_5_4}, {0, ftile_6_1, ftile_6_2, ftile_6_3, ftile_6_4}};
+static const ftile_fn FTILES8[9] = {0, ftile_1_1, ftile_1_2, ftile_1_3, ftile_1_4, ftile_1_5, ftile_1_6, ftile_1_7,
+                                    ftile_1_8};
 
 #else   /* portable: the same lanes and order, one output at a time */
 
@@ -234,12 +243,13 @@ static inline void conv_tile(const fjob *j, const float *xg, int grp, int ob, in
     const int p0 = g->rowtile ? tile * g->Wq : tile * 16 * g->PV;
     const int ro = g->Og - ob * g->RO < g->RO ? g->Og - ob * g->RO : g->RO;
 #if TORQ_F512
+    const int left = (g->L - p0 + 15) / 16, pv = left < g->PV ? left : g->PV;     /* vectors this tile needs */
     if (g->rowtile)
         FROWS[(g->OW + 15) / 16](j, xg, grp, ob, tile);
     else if (g->PV == 8)
-        ftile_1_8(j, xg, grp, ob, p0);
+        FTILES8[pv](j, xg, grp, ob, p0);
     else
-        FTILES[ro](j, xg, grp, ob, p0);
+        FTILES[ro][pv](j, xg, grp, ob, p0);
 #else
     const int end = g->rowtile ? p0 + g->OW : (p0 + 16 * g->PV < g->L ? p0 + 16 * g->PV : g->L);
     ftile_portable(j, xg, grp, ob, p0, end, ro);
