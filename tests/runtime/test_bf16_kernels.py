@@ -235,6 +235,18 @@ def test_the_accumulation_order_is_the_stated_one():
         assert M.ordered_dot(x[0], w[0]) == 0.0 and M.ordered_dot(x[0, ::-1], w[0]) == 1.0
 
 
+def test_gather_at_a_scalar_index_stays_bf16():
+    """Attention's q / k / v pick (Gather at a constant scalar index) becomes Slice + Squeeze in the
+    front end; the bf16 type follows through the new tensor (was: torch-mlir refused a bf16 value
+    cast to the Gather output's fp32 type; vit_b_16's 37 Gather layers and its run failed so)."""
+    rng = np.random.default_rng(16)
+    model = build([helper.make_node("Gather", ["x", "i"], ["g"], axis=0), helper.make_node("Mul", ["g", "g"], ["y"])],
+                  [("x", [3, 5, 1, 8])], [("y", [5, 1, 8])], {"i": np.array(1)})
+    model.graph.initializer[0].CopyFrom(numpy_helper.from_array(np.array(1, np.int64), "i"))
+    out, v, compiled = nss(model, {"x": rand(rng, (3, 5, 1, 8))})
+    assert np.array_equal(out["y"], M.bf16(v["x"][1] * v["x"][1]))
+
+
 def test_rank3_matmul_weight_is_read_at_its_source():
     """MatMul [B, 1, K] x W[K, N] (torchvision ViT's in-projection): torch-mlir broadcasts W over
     the batch; the weight is read once (a fully_connected), not folded into B copies."""
