@@ -136,10 +136,16 @@ def test_max_pool_bit_exact(isa, k, s, d, pad, hw, nan, seed):
 
 
 @pytest.mark.parametrize("depthwise", [False, True])
-def test_threads_split_large_jobs_bit_exact(isa, depthwise):
+def test_threads_split_large_jobs_bit_exact(isa, depthwise, monkeypatch):
     """Jobs large enough for both threads (small ones run on one: float_threads) give the
     reference engine's bits (numpy, one pass per k) for any thread count."""
     from torq.runtime.kernels import float_gemm
+    monkeypatch.setattr(float_ops.os, "getloadavg", lambda: (0.0, 0.0, 0.0))     # a quiet host: 2 threads
+    set_threads(2)
+    assert float_ops._threads() == 2
+    monkeypatch.setattr(float_ops.os, "getloadavg", lambda: (9.0, 9.0, 9.0))     # oversubscribed: 1
+    assert float_ops._threads() == 1
+    monkeypatch.setattr(float_ops.os, "getloadavg", lambda: (0.0, 0.0, 0.0))
     rng = np.random.default_rng(7)
     c, o = (48, 48) if depthwise else (24, 40)
     x, w = bf(rng, (2, c, 37, 45), 2.0), bf(rng, (o, 1 if depthwise else c, 3, 3))
