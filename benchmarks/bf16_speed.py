@@ -92,9 +92,11 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--batch", type=int, default=8)
     args = ap.parse_args(argv)
-    from torq.runtime.native import build
+    from torq.runtime.native import build, float_ops, ops
+    ops.set_threads(os.cpu_count() or 1)
     print(f"host load before (1/5/15 min): {' '.join(f'{v:.1f}' for v in os.getloadavg())}, {os.cpu_count()} cores; "
-          f"bf16 kernels: {'AVX-512' if build.library() is not None and build.library().torq_float_features() else 'portable C'}")
+          f"bf16 kernels: {'AVX-512' if build.library() is not None and build.library().torq_float_features() else 'portable C'}"
+          f", b1 on {float_ops._threads()} thread(s) at this load (1 when load >= cores + 2)")
     rows = []
     for m in args.models.split(","):
         rows.append(bench(m.strip(), args.rounds, args.batch))
