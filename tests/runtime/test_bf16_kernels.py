@@ -166,15 +166,40 @@ def test_global_average_pool_adds_in_row_major_order():
         assert np.array_equal(y.reshape(2, 5), want), engine
 
 
+def test_reductions_add_in_row_major_order():
+    """ReduceMean over the last axis (LayerNorm's) and ReduceSum over a middle one: sequential fp32
+    adds from +0 over the reduced elements in the input's order, on both engines."""
+    rng = np.random.default_rng(17)
+    model = build([helper.make_node("ReduceMean", ["x"], ["m"], axes=[2], keepdims=1),
+                   helper.make_node("ReduceSum", ["x", "ax"], ["s"], keepdims=0)],
+                  [("x", [2, 7, 30])], [("m", [2, 7, 1]), ("s", [2, 30])], {"ax": np.array([1])})
+    model.graph.initializer[0].CopyFrom(numpy_helper.from_array(np.array([1], np.int64), "ax"))
+    x = rand(rng, (2, 7, 30), 20.0)
+    x[0, 0] = 0.0
+    x[0, 0, :3] = [2.0 ** 24, 1.0, -2.0 ** 24]      # in order: 0 (2^24 + 1 rounds to 2^24); exactly: 1
+    _, v, compiled = nss(model, {"x": x})
+    x = v["x"]
+    assert M.ordered_sum(x[0, 0]) == 0.0
+    want_m = M.bf16([[np.float32(M.ordered_sum(x[i, j])) / np.float32(30) for j in range(7)] for i in range(2)])
+    want_s = M.bf16([[M.ordered_sum(x[i, :, k]) for k in range(30)] for i in range(2)])
+    assert compiled.report.lowered.get("reduce") == 2, compiled.report.lowered
+    for engine in ("native", "reference"):
+        m, s = nss_simulator(compiled, engine).run([x])
+        assert np.array_equal(m.reshape(2, 7), want_m) and np.array_equal(s, want_s), engine
+
+
 def test_reduce_mean_and_max_pool():
     rng = np.random.default_rng(8)
     model = build([helper.make_node("ReduceMean", ["x"], ["m"], axes=[2, 3], keepdims=1),
                    helper.make_node("MaxPool", ["x"], ["p"], kernel_shape=[2, 2], strides=[2, 2])],
                   [("x", [1, 2, 6, 6])], [("m", [1, 2, 1, 1]), ("p", [1, 2, 3, 3])], {})
-    out, v, _ = nss(model, {"x": rand(rng, (1, 2, 6, 6))})
+    out, v, compiled = nss(model, {"x": rand(rng, (1, 2, 6, 6))})
     sums = [M.ordered_sum(v["x"][0, c]) for c in range(2)]
     want = M.bf16([np.float32(s) / np.float32(36) for s in sums]).reshape(1, 2, 1, 1)
     assert np.array_equal(out["m"], want)
+    for engine in ("native", "reference"):
+        m, _ = nss_simulator(compiled, engine).run([v["x"]])
+        assert np.array_equal(m, want), engine
     assert np.array_equal(out["p"], v["x"].reshape(1, 2, 3, 2, 3, 2).max(axis=(3, 5)))
 
 

@@ -309,5 +309,30 @@ def _avgpool_step(st, reference):
     return fn
 
 
-FLOAT_MAKERS = {"avg_pool2d": _avgpool_step, "conv2d": _conv_step, "depthwise_conv2d": _conv_step, "fully_connected": _fc_step,
+def _reduce_step(st, reference):
+    """A sum / mean reduction as ones[1, R] @ X (X: the reduced elements of each output as a
+    column, in the input's row-major order): one lane per output adding its R values in that
+    order, as the reference's loop does; then its fp32 division and one rounding. Max: None."""
+    a = st.attrs
+    if a["mode"] not in ("sum", "mean"):
+        return None
+    dims = sorted(int(d) for d in a["dims"])
+    lib, outputs = library(), _Outputs()
+
+    def fn(args, rounding):
+        (x,) = args
+        if x.dtype != _F32 or not dims or max(dims) >= x.ndim:
+            return reference(args, rounding)
+        keep = [d for d in range(x.ndim) if d not in dims]
+        r = int(np.prod([x.shape[d] for d in dims]))
+        cols = np.ascontiguousarray(np.transpose(x, keep + dims).reshape(-1, r).T)       # [R, outputs]
+        acc = _matmul(lib, outputs, np.ones((1, r), _F32), cols, None, -np.inf, np.inf, False).reshape(-1)
+        if a["mode"] == "mean":
+            with np.errstate(all="ignore"):
+                acc = acc / _F32(r)
+        return numerics.bf16_arith.round_to(acc, st.dtype).reshape(st.shape)
+    return fn
+
+
+FLOAT_MAKERS = {"reduce": _reduce_step, "avg_pool2d": _avgpool_step, "conv2d": _conv_step, "depthwise_conv2d": _conv_step, "fully_connected": _fc_step,
                 "matmul": _matmul_step, "elementwise": _elementwise_step, "maxpool2d": _maxpool_step}
