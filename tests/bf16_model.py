@@ -1,9 +1,16 @@
-"""An independent implementation of torq's documented bf16 arithmetic (numerics/bf16_arith.py),
-for the tests: plain Python / numpy, exact rationals, and no call into ``torq.numerics``.
+"""An independent implementation of torq's documented bf16 arithmetic (numerics/bf16_arith.py,
+issue 18's model), for the tests: plain Python / numpy, exact rationals, and no call into
+``torq.numerics``.
 
-Where torq rounds with bit operations and settles sums with float64 + error bounds, this rounds
-with arithmetic (``frexp`` / ``rint``) and sums with ``fractions.Fraction``: two routes to the
-same documented numbers, so agreement bit for bit means something.
+Where torq rounds with bit operations and accumulates with FMAs (C, AVX-512) or float64 steps
+(numpy), this rounds with arithmetic (``frexp`` / ``rint``) and takes every accumulation step
+as an exact rational rounded to the nearest fp32: two routes to the same documented numbers,
+so agreement bit for bit means something.
+
+The model: acc = +0.0; for k in the stated order acc = fl32(acc + w_k x_k) (exact product, one
+rounding); conv k over (input channel of the group, kh, kw), matmul over the inner dimension,
+sums over the window / the reduced elements in row-major order; then fl32(acc + bias), clamp,
+bf16 (RNE).
 """
 from __future__ import annotations
 
@@ -42,9 +49,17 @@ def f32(value: Fraction) -> np.float32:
     return np.float32(near[0])
 
 
-def exact_dot(a, b) -> np.float32:
-    """fl32 of the exact sum of products (the model's accumulator)."""
-    return f32(sum((Fraction(float(u)) * Fraction(float(v)) for u, v in zip(np.ravel(a), np.ravel(b))), Fraction(0)))
+def ordered_dot(a, b) -> np.float32:
+    """The model's accumulator: acc = 0; acc = fl32(acc + a_k * b_k) for k in ravel order."""
+    acc = np.float32(0.0)
+    for u, v in zip(np.ravel(a), np.ravel(b)):
+        acc = f32(Fraction(float(acc)) + Fraction(float(u)) * Fraction(float(v)))
+    return acc
+
+
+def ordered_sum(values) -> np.float32:
+    """acc = 0; acc = fl32(acc + v) for v in ravel order (pools and means)."""
+    return ordered_dot(values, np.ones(np.size(values)))
 
 
 def act(acc, bias, lo=-math.inf, hi=math.inf, to_bf16=True) -> np.float32:
@@ -54,13 +69,15 @@ def act(acc, bias, lo=-math.inf, hi=math.inf, to_bf16=True) -> np.float32:
     return bf16(y)[()] if to_bf16 else y
 
 
-def conv2d(x, w, b, stride=(1, 1), pad=(0, 0, 0, 0), groups=1, lo=-math.inf, hi=math.inf):
+def conv2d(x, w, b, stride=(1, 1), pad=(0, 0, 0, 0), groups=1, lo=-math.inf, hi=math.inf, dilation=(1, 1)):
     """NCHW conv (pads l, r, t, b with zeros), the model's arithmetic per output."""
     n, c, h, wd = x.shape
     o, cg, kh, kw = w.shape
     pl, pr, pt, pb = pad
+    dh, dw = dilation
     xp = np.pad(x, ((0, 0), (0, 0), (pt, pb), (pl, pr)))
-    oh, ow = (h + pt + pb - kh) // stride[0] + 1, (wd + pl + pr - kw) // stride[1] + 1
+    oh = (h + pt + pb - dh * (kh - 1) - 1) // stride[0] + 1
+    ow = (wd + pl + pr - dw * (kw - 1) - 1) // stride[1] + 1
     out = np.zeros((n, o, oh, ow), np.float32)
     per = o // groups
     for i in range(n):
@@ -68,17 +85,18 @@ def conv2d(x, w, b, stride=(1, 1), pad=(0, 0, 0, 0), groups=1, lo=-math.inf, hi=
             g = oc // per
             for r in range(oh):
                 for q in range(ow):
-                    win = xp[i, g * cg:(g + 1) * cg, r * stride[0]:r * stride[0] + kh, q * stride[1]:q * stride[1] + kw]
-                    out[i, oc, r, q] = act(exact_dot(win, w[oc]), b[oc], lo, hi)
+                    r0, q0 = r * stride[0], q * stride[1]
+                    win = xp[i, g * cg:(g + 1) * cg, r0:r0 + dh * (kh - 1) + 1:dh, q0:q0 + dw * (kw - 1) + 1:dw]
+                    out[i, oc, r, q] = act(ordered_dot(win, w[oc]), b[oc], lo, hi)
     return out
 
 
 def matmul(x, y, to_bf16=True):
-    """[M, K] @ [K, N]: fl32 of each exact dot product, then bf16."""
+    """[M, K] @ [K, N]: the ordered fp32 dot products, then bf16."""
     out = np.zeros((x.shape[0], y.shape[1]), np.float32)
     for i in range(x.shape[0]):
         for j in range(y.shape[1]):
-            out[i, j] = act(exact_dot(x[i], y[:, j]), 0.0, to_bf16=to_bf16)
+            out[i, j] = act(ordered_dot(x[i], y[:, j]), 0.0, to_bf16=to_bf16)
     return out
 
 
@@ -104,6 +122,5 @@ def avgpool(x, kernel, stride, pad=(0, 0, 0, 0), include_pad=True):
         rows = min(r0 + kernel[0], h + pt) - max(r0, pt)
         cols = min(q0 + kernel[1], w + pl) - max(q0, pl)
         count = kernel[0] * kernel[1] if include_pad else rows * cols
-        s = f32(sum((Fraction(float(v)) for v in win.ravel()), Fraction(0)))
-        out[idx] = bf16(np.float32(s) / np.float32(count))[()]
+        out[idx] = bf16(np.float32(ordered_sum(win)) / np.float32(count))[()]
     return out

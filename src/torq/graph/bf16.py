@@ -25,6 +25,7 @@ import onnx
 from onnx import TensorProto
 
 from .. import numerics
+from .shapes import infer_types
 from .walk import subgraphs
 
 __all__ = ["convert_to_bf16", "to_fp32", "is_bf16", "bf16_seeds", "retype_from", "bf16_float_ops"]
@@ -111,6 +112,9 @@ def retype_from(model: onnx.ModelProto, seeds: set[str]) -> onnx.ModelProto:
     g = m.graph
     types = {v.name: v.type.tensor_type.elem_type for v in list(g.input) + list(g.output) + list(g.value_info)}
     types.update({t.name: t.data_type for t in g.initializer})
+    if any(o and o not in types for n in g.node for o in n.output):     # e.g. a Gather made Slice + Squeeze
+        for name, t in infer_types(m).items():                            # (the chain must carry bf16 through)
+            types.setdefault(name, t.tensor_type.elem_type)
     bf16 = {n for n in seeds if types.get(n) == _FLOAT}
     for n in g.node:
         if n.op_type in _QDQ or n.op_type == "Cast":
@@ -141,6 +145,9 @@ def bf16_float_ops(qmodel: onnx.ModelProto) -> onnx.ModelProto:
     g = m.graph
     types = {v.name: v.type.tensor_type.elem_type for v in list(g.input) + list(g.output) + list(g.value_info)}
     types.update({t.name: t.data_type for t in g.initializer})
+    if any(o and o not in types for n in g.node for o in n.output):     # e.g. a Gather made Slice + Squeeze
+        for name, t in infer_types(m).items():                            # (the chain must carry bf16 through)
+            types.setdefault(name, t.tensor_type.elem_type)
     producer = {o: n.op_type for n in g.node for o in n.output}
     readers: dict = {}
     for n in g.node:

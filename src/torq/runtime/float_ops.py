@@ -1,9 +1,10 @@
 """NSS kernels of the bf16 / f32 torq_hl ops (bf16 models): ``make(step, rtype) -> fn(args, rounding)``.
 
 The arithmetic is numerics.bf16_arith's, one model for both rounding modes (there is no ORT
-recipe to imitate: ONNX Runtime runs the model's fp32 twin). Contractions sum in float64 and
-are settled exactly by ``exact_finish``; elementwise bodies run node by node, each node rounded
-to its type. A one-input bf16 body is looked up in a table of its 65536 results (computed by
+recipe to imitate: ONNX Runtime runs the model's fp32 twin). Contractions and sums are the
+reference loops of ``kernels/float_gemm.py`` (the native engine runs conv / depthwise /
+fully_connected / matmul as compiled kernels instead: runtime/native/float_ops.py, the same
+bits); elementwise bodies run node by node, each node rounded to its type. A one-input bf16 body is looked up in a table of its 65536 results (computed by
 the same nodes), which is the same function, faster.
 """
 from __future__ import annotations
@@ -26,29 +27,23 @@ def _clamp(a):
 def _conv(st, rtype):
     a = st.attrs
     lo, hi = _clamp(a)
-    depthwise = st.op.endswith("depthwise_conv2d")
-    plan = _cached_plan(lambda w, sb: None if depthwise else G.ConvPlan(
-        w, a["pad"], a["stride"], a["dilation"], a["groups"]))
+    groups = int(a["groups"])
 
     def fn(args, rounding):
         w, bias, x = args
-        sums = (G.depthwise_sums(x, w, a["pad"], a["stride"], a["dilation"]) if depthwise
-                else plan(w, bias).sums(x))
-        outs = [_B.exact_finish(s.v, s.bound, bias.astype(np.float32)[:, None], lo, hi, st.dtype, s.exact, s.norms)
-                for s in sums]
-        return np.stack(outs).reshape(st.shape)
+        g = w.shape[0] if st.op.endswith("depthwise_conv2d") else groups
+        acc = G.conv_acc(x, w, a["pad"], a["stride"], a["dilation"], g)
+        return _B.finish(acc, np.asarray(bias, np.float32)[None, :, None, None], lo, hi, st.dtype).reshape(st.shape)
     return fn
 
 
 def _fc(st, rtype):
-    a = st.attrs
-    lo, hi = _clamp(a)
+    lo, hi = _clamp(st.attrs)
 
     def fn(args, rounding):
         w, bias, x = args
-        s = G.matmul_sums(x.reshape(-1, x.shape[-1]), np.asarray(w).T)
-        out = _B.exact_finish(s.v, s.bound, bias.astype(np.float32)[None, :], lo, hi, st.dtype, s.exact, s.norms)
-        return out.reshape(st.shape)
+        acc = G.matmul_acc(x.reshape(-1, x.shape[-1]), np.asarray(w).T)
+        return _B.finish(acc, np.asarray(bias, np.float32)[None, :], lo, hi, st.dtype).reshape(st.shape)
     return fn
 
 
@@ -56,8 +51,7 @@ def _matmul(st, rtype):
     lo, hi = _clamp(st.attrs)
 
     def fn(args, rounding):
-        s = G.matmul_sums(*args)
-        return _B.exact_finish(s.v, s.bound, np.float32(0), lo, hi, st.dtype, s.exact, s.norms).reshape(st.shape)
+        return _B.finish(G.matmul_acc(*args), np.float32(0), lo, hi, st.dtype).reshape(st.shape)
     return fn
 
 
@@ -67,11 +61,10 @@ def _avgpool(st, rtype):
 
     def fn(args, rounding):
         (x,) = args
-        s = G.window_sums(x, kernel, stride, pad)
-        acc = _B.exact_finish(s.v, s.bound, np.float32(0), -np.inf, np.inf, "f32", s.exact)
+        acc = G.window_acc(x, kernel, stride, pad)
         counts = _counts(x.shape[2:], kernel, stride, pad, bool(a["count_include_pad"]))
         with np.errstate(all="ignore"):
-            y = acc.reshape(x.shape[0], x.shape[1], *counts.shape) / counts
+            y = acc / counts
         return _B.round_to(y, st.dtype).reshape(st.shape)
     return fn
 
@@ -97,12 +90,11 @@ def _reduce(st, rtype):
 
     def fn(args, rounding):
         x = args[0]
-        s = G.axis_sums(x, dims)
-        out = _B.exact_finish(s.v, s.bound, np.float32(0), -np.inf, np.inf, "f32" if mean else st.dtype, s.exact)
+        acc = G.axis_acc(x, dims)
         if mean:
             with np.errstate(all="ignore"):
-                out = _B.round_to(out / np.float32(np.prod([x.shape[d] for d in dims])), st.dtype)
-        return out.reshape(st.shape)
+                acc = acc / np.float32(np.prod([x.shape[d] for d in dims]))
+        return _B.round_to(acc, st.dtype).reshape(st.shape)
     return fn
 
 
@@ -175,14 +167,29 @@ def _run_nodes(nodes, env):
     return env[f"%{len(nodes) - 1}"]
 
 
-def _elementwise(st, rtype):
+def elementwise_parts(st):
+    """(operand types, nodes, constants, operand maps) of a torq_hl.elementwise step."""
     a = st.attrs
     types, nodes = parse_body(a["body"])
     consts = {f"c{j}": np.float32(c) for j, c in enumerate(a["constants"])}
     maps, pos, specs = list(a["maps"]), 0, []
     while pos < len(maps):
-        specs.append(maps[pos + 1:pos + 1 + maps[pos]])
+        specs.append([int(d) for d in maps[pos + 1:pos + 1 + maps[pos]]])
         pos += 1 + maps[pos]
+    return types, nodes, consts, specs
+
+
+def bf16_table(st, rtype):
+    """A one-input bf16 body's 65536 results (computed by its nodes), or None for other bodies."""
+    types, nodes, consts, _ = elementwise_parts(st)
+    if list(types) != ["a0"] or types["a0"] != "bf16" or any(r.startswith("i") for _, _, refs in nodes for r in refs):
+        return None
+    grid = (np.arange(1 << 16, dtype=np.uint32) << 16).view(np.float32)
+    return np.asarray(_run_nodes(nodes, {"a0": grid, **consts})).astype(rtype)
+
+
+def _elementwise(st, rtype):
+    types, nodes, consts, specs = elementwise_parts(st)
     n, shape = len(st.shape), tuple(st.shape)
 
     def evaluate(args, rounding=None):
@@ -192,11 +199,8 @@ def _elementwise(st, rtype):
         env.update(consts)
         return np.broadcast_to(_run_nodes(nodes, env), shape).astype(rtype)
 
-    if list(types) == ["a0"] and types["a0"] == "bf16" and int(np.prod(shape)) >= 4096 \
-            and not any(r.startswith("i") for _, _, refs in nodes for r in refs):
-        grid = (np.arange(1 << 16, dtype=np.uint32) << 16).view(np.float32)
-        table = np.asarray(_run_nodes(nodes, {"a0": grid, **consts})).astype(rtype)
-
+    table = bf16_table(st, rtype) if int(np.prod(shape)) >= 4096 else None
+    if table is not None:
         def lookup(args, rounding=None):
             x = lay(args[0], specs[0], n)
             idx = np.ascontiguousarray(x, np.float32).view(np.uint32) >> 16

@@ -89,7 +89,7 @@ class Simulator:
         if make is None:
             raise TorqError(f"not supported on NSS: {st.op} at {st.location}: no simulator kernel")
         fn = make(st, rtype)
-        if engine == "native" and not float_step:      # bf16 / float ops: reference kernels
+        if engine == "native":
             fn = native_ops.make(st, rtype, fn) or fn
         return _Kernel(fn, st, rtype, getattr(fn, "check", None))
 

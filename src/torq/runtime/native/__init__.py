@@ -1,5 +1,6 @@
-"""The native engine: the Program's int8 convolutions and fully connected layers as compiled
-machine code (AVX512-VNNI where the CPU has it), bit-identical to the reference simulator.
+"""The native engine: the Program's int8 convolutions and fully connected layers, and its bf16
+contractions (``float_ops``: conv, depthwise, fully connected, matmul), as compiled machine
+code (AVX512-VNNI / AVX-512 where the CPU has it), bit-identical to the reference simulator.
 
 ``Simulator(program, engine="native")`` (the default) binds each step to a native kernel when
 this package compiles it (``ops.make``) and to the reference kernel otherwise, per op; the

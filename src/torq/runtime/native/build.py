@@ -1,4 +1,5 @@
-"""Build the native kernels (``conv.c``, ``depthwise.c``, ``eltwise.c``, ``plan.c``, ``pool.c``) for this CPU once, cache the library by content.
+"""Build the native kernels (``conv.c``, ``depthwise.c``, ``eltwise.c``, ``float_conv.c``, ``float_eltwise.c``,
+``plan.c``, ``pool.c``) for this CPU once, cache the library by content.
 
 The C source is compiled at first use with the system C compiler (``$CC``, else ``cc`` /
 ``gcc`` / ``clang``) for the host CPU (``-march=native``: AVX512-VNNI where the CPU has it, a
@@ -25,9 +26,10 @@ import threading
 from pathlib import Path
 
 _HERE = Path(__file__).resolve().parent
-SOURCES = (_HERE / "conv.c", _HERE / "depthwise.c", _HERE / "eltwise.c", _HERE / "plan.c", _HERE / "pool.c",
-           _HERE / "common.h", _HERE / "pool.h", _HERE.parent.parent / "numerics" / "act.h")
-_UNITS = SOURCES[:5]
+_UNITS = (_HERE / "conv.c", _HERE / "depthwise.c", _HERE / "eltwise.c", _HERE / "float_conv.c", _HERE / "float_eltwise.c",
+          _HERE / "plan.c", _HERE / "pool.c")
+SOURCES = (*_UNITS, _HERE / "common.h", _HERE / "pool.h", _HERE.parent.parent / "numerics" / "bf16.h",
+           _HERE.parent.parent / "numerics" / "act.h")
 _BASE_FLAGS = ["-O3", "-std=gnu11", "-fPIC", "-shared", "-pthread", "-ffp-contract=off", "-fno-strict-aliasing"]
 
 _lock = threading.Lock()
@@ -52,6 +54,15 @@ class TorqGeom(ctypes.Structure):
 class TorqDwq(ctypes.Structure):
     """torq_dwq of the C kernels: a depthwise kernel's taps packed four to a quad."""
     _fields_ = [("nq", ctypes.c_int32), ("win", ctypes.c_void_p), ("idx", ctypes.c_void_p), ("wq", ctypes.c_void_p)]
+
+
+class TorqFgeom(ctypes.Structure):
+    """torq_fgeom of float_conv.c: one float convolution's geometry."""
+    _fields_ = [(n, ctypes.c_int32) for n in (
+        "N", "C", "H", "W", "G", "Cg", "Og", "OH", "OW", "T", "nph", "rows", "Wq", "sh", "sw", "pt", "pl", "L",
+        "RO", "PV", "direct", "bf16", "rowtile")] + [("lo", ctypes.c_float), ("hi", ctypes.c_float),
+                                          ("cstride", ctypes.c_int64), ("phstride", ctypes.c_int64),
+                                          ("ph_ab", ctypes.c_void_p), ("tap_off", ctypes.c_void_p)]
 
 
 def isa() -> str:
@@ -168,7 +179,14 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.torq_gap_i8.argtypes = [p, p, ctypes.c_long, ctypes.c_long, i, ctypes.c_int64] + [i] * 6 + [ctypes.c_float]
     lib.torq_maxpool_i8.argtypes = [p, p, i, p, i]
     lib.torq_run_calls.argtypes = [p, i, i, p]
-    for fn in (lib.torq_run_calls, lib.torq_conv_i8, lib.torq_conv_amx_i8, lib.torq_dw_i8, lib.torq_fc_i8, lib.torq_requant_i8,
+    lib.torq_conv_f32.argtypes = [p, p, p, p, ctypes.POINTER(TorqFgeom), i]
+    lib.torq_matmul_f32.argtypes = [p, p, p, p] + [i] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_float] * 2 + [i, i, i]
+    lib.torq_binary_f32.argtypes = [p, p, p, ctypes.c_long, i, i, i]
+    lib.torq_lut16_f32.argtypes = [p, p, p, ctypes.c_long, i]
+    lib.torq_maxpool_f32.argtypes = [p, p, i, i, i, p, i]
+    for fn in (lib.torq_run_calls, lib.torq_conv_f32, lib.torq_matmul_f32, lib.torq_float_features, lib.torq_binary_f32,
+               lib.torq_lut16_f32, lib.torq_maxpool_f32, lib.torq_conv_i8, lib.torq_conv_amx_i8, lib.torq_dw_i8, lib.torq_fc_i8,
+               lib.torq_requant_i8,
                lib.torq_features, lib.torq_amx_init, lib.torq_add_i8, lib.torq_gap_i8, lib.torq_maxpool_i8):
         fn.restype = i
     lib.amx = bool(lib.torq_features() & 4) and os.environ.get("TORQ_NATIVE_AMX", "1") != "0" and bool(lib.torq_amx_init())

@@ -104,4 +104,45 @@ static inline void col_range(const torq_geom *g, int b, int *q0, int *q1)
     *q1 = a1;
 }
 
+/* ------------------------------------------------------------------ float kernels */
+
+#if defined(__AVX512F__)
+#define TORQ_F512 1
+#include <immintrin.h>
+
+/* the first `left` lanes: a tail vector's mask */
+static inline __mmask16 lane_mask(int left)
+{
+    return left >= 16 ? 0xFFFF : (left <= 0 ? 0 : (__mmask16)((1u << left) - 1));
+}
+#else
+#define TORQ_F512 0
+#endif
+
+/* d[q] = s[q * sw] for q0 <= q < q1 (s[q * sw] in bounds exactly for those q) */
+static inline void gather_cols(float *d, const float *s, int q0, int q1, int sw)
+{
+    int q = q0;
+#if TORQ_F512
+    if (sw == 2) {
+        const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+        for (; q + 16 <= q1; q += 16) {         /* s[2q .. 2q + 30]: the 32nd float is not read */
+            const __m512 a = _mm512_loadu_ps(s + 2 * q), b = _mm512_maskz_loadu_ps(0x7FFF, s + 2 * q + 16);
+            _mm512_storeu_ps(d + q, _mm512_permutex2var_ps(a, even, b));
+        }
+    }
+#endif
+    for (; q < q1; q++)
+        d[q] = s[q * sw];
+}
+
+/* Threads for a float job of `work` multiply-adds (or elements): below TORQ_PAR_WORK one thread,
+ * since handing a few microseconds of work to a helper costs more than it saves, most of all on
+ * a loaded host where the helper may not be running (MobileNetV3-small: 212 steps, most tiny) */
+#define TORQ_PAR_WORK (1 << 18)
+static inline int float_threads(int64_t work, int nthreads)
+{
+    return work < TORQ_PAR_WORK ? 1 : nthreads;
+}
+
 #endif

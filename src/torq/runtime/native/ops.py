@@ -55,11 +55,13 @@ class _Outputs:
     def __init__(self):
         self._bufs: dict = {}
 
-    def get(self, shape) -> tuple[np.ndarray, int]:
+    def get(self, shape, dtype=np.int8, slack: int = 0) -> tuple[np.ndarray, int]:
+        """This thread's output array of ``shape`` (``slack`` zeroed elements follow it in memory)."""
         tid = threading.get_ident()
         b = self._bufs.get(tid)
-        if b is None or b[0].shape != shape:
-            arr = np.empty(shape, dtype=np.int8)
+        if b is None or b[0].shape != shape or b[0].dtype != dtype:
+            size = int(np.prod(shape))
+            arr = np.zeros(size + slack, dtype=dtype)[:size].reshape(shape)
             b = self._bufs[tid] = (arr, arr.ctypes.data)
             known = _local.__dict__.setdefault("addrs", {})
             if len(known) > 4096:
@@ -333,7 +335,10 @@ def make(st, rtype, reference):
         return None
     op = st.op[len("torq_hl."):] if st.op.startswith("torq_hl.") else None
     from .eltwise import MAKERS         # (it builds on this module's buffers)
-    if op in ("conv2d", "depthwise_conv2d"):
+    from .float_ops import FLOAT_MAKERS
+    if st.dtype in ("bf16", "f32"):                     # bf16 models: float_conv.c
+        fn = FLOAT_MAKERS[op](st, reference) if op in FLOAT_MAKERS else None
+    elif op in ("conv2d", "depthwise_conv2d"):
         fn = _native_step(ConvNative, st, rtype, reference)
     elif op == "fully_connected":
         fn = _native_step(FcNative, st, rtype, reference)
