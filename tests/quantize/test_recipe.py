@@ -25,7 +25,8 @@ CHANGED = {"input_shape": ("x=1,3,8,8",), "format": "hybrid", "per_channel": Tru
            "preprocess": "norm=tf", "fold": False, "dead_channels": False, "equalize": "skip",
            "bias_correction": True, "exact_scales": True, "nodes_to_quantize": ("a",),
            "nodes_to_exclude": ("b",), "op_types_to_quantize": ("Conv",), "op_types_to_exclude": ("Gemm",),
-           "precision": (("c", "int16"),), "quant_dtype": "A16W8", "accuracy_budget": 2.0}
+           "precision": (("c", "int16"),), "quant_dtype": "A16W8", "accuracy_budget": 2.0,
+           "weight_rounding": "gptq"}
 
 
 def test_every_field_changes_the_fingerprint():
