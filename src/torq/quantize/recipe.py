@@ -63,7 +63,7 @@ class Recipe:
     op_types_to_exclude: tuple = ()     # these op types stay float
     precision: tuple = ()               # ((node name, int8 | int16 | bf16), ...): per-layer activation precision;
                                         # node "*" = the whole model; ("*", "auto") = chosen by measurement
-    accuracy_budget: float = 0.5        # precision auto: top-1 points vs FP32 allowed on held-apart calibration
+    accuracy_budget: float = 0.5        # precision auto: expected top-1 loss vs FP32 (points) on held-apart calibration
 
     def __post_init__(self):
         if self.calibration_data is not None and not isinstance(self.calibration_data, str):

@@ -71,8 +71,8 @@ FLAGS: dict[str, tuple[tuple[str, ...], dict]] = {
         "fewest int16 layers (by MACs) keeping top-1 within --accuracy-budget of FP32 on held-apart "
         "calibration samples (docs/mixed-precision.md)"))),
     "accuracy_budget": (("--accuracy-budget",), dict(type=float, metavar="POINTS", help=(
-        "--precision auto: top-1 disagreement with FP32 allowed on the held-apart third of the calibration "
-        "samples, percentage points (default 0.5)"))),
+        "--precision auto: expected top-1 loss vs FP32 allowed on the held-apart third of the calibration "
+        "samples (FP32's softmax standing in for their labels), percentage points (default 0.5)"))),
 }
 _LISTS = ("nodes_to_quantize", "nodes_to_exclude", "op_types_to_quantize", "op_types_to_exclude")
 

@@ -9,6 +9,8 @@ samples, then the integers are re-chosen. Biases and scales are untouched.
 """
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 import onnx
 from onnx import numpy_helper
@@ -66,16 +68,34 @@ def _layers(m: onnx.ModelProto, fp32: onnx.ModelProto) -> list[dict]:
 
 def _moments(fp32, layers, reader) -> list:
     """Per layer: (G, K, K) summed second moments of its input rows over the calibration samples
-    (None when its input has a shape the pass does not handle)."""
+    (None when its input has a shape the pass does not handle). The last result is kept for the
+    same fp32 model and samples: ``--precision auto`` quantizes one prepared model many times."""
     floats = {t.name: t for t in fp32.graph.initializer}
     for lay in layers:
         lay["w"] = numpy_helper.to_array(floats[lay["float"]]).astype(np.float64)
+    rewind(reader)
+    samples = list(iter(reader.get_next, None))
+    rewind(reader)
+    digest = hashlib.sha256(fp32.SerializeToString())
+    for sample in samples:
+        for k in sorted(sample):
+            digest.update(k.encode() + np.ascontiguousarray(sample[k]).tobytes())
+    key = (digest.hexdigest(), tuple(lay["input"] for lay in layers))
+    if _LAST.get("key") != key:
+        _LAST.clear()
+        _LAST.update(key=key, moments=_sum_moments(fp32, layers, samples))
+    return _LAST["moments"]
+
+
+_LAST: dict = {}
+
+
+def _sum_moments(fp32, layers, samples) -> list:
     sess = probe_session(fp32, sorted({lay["input"] for lay in layers}))
     names = [o.name for o in sess.get_outputs()]
     rng = np.random.default_rng(0)
     acc: list = [None] * len(layers)
-    rewind(reader)
-    for sample in iter(reader.get_next, None):
+    for sample in samples:
         got = dict(zip(names, sess.run(None, sample)))
         for i, lay in enumerate(layers):
             rows = _patches(got[lay["input"]], lay, rng)
@@ -83,7 +103,6 @@ def _moments(fp32, layers, reader) -> list:
                 continue
             h = np.swapaxes(rows, 1, 2) @ rows
             acc[i] = h if acc[i] is None else acc[i] + h
-    rewind(reader)
     return acc
 
 
