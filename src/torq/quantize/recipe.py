@@ -188,12 +188,12 @@ PRESETS: dict[str, Recipe] = {
 }
 #: The default of every command (quantize, discover, run, evaluate, the benchmarks) and the
 #: ``recommended`` alias: chosen on the tuning half of the evaluation images by
-#: benchmarks/recipe_choice.py (2026-12-02: candidates exact, cle, mixed on EfficientNet-Lite0/1/2;
-#: none within 0.5 points of FP32 on every model's tuning half, cle's worst model closest, tied with
-#: mixed, which costs int16 work), reported on the other half (docs/recipes.md). ``Recipe()`` itself
+#: benchmarks/recipe_choice.py (2026-12-02, session 3: candidates exact, gptq, cle on
+#: EfficientNet-Lite0/1/2; gptq the first within 0.5 points of FP32 on every model's tuning half,
+#: +0.4 on each, all MACs int8), reported on the other half (docs/recipes.md). ``Recipe()`` itself
 #: is ORT's quantize_static defaults behind the front end: the base presets change, and the
 #: defaults of the Python ``quantize()`` (which keeps ORT's keyword vocabulary).
-RECOMMENDED = "cle"
+RECOMMENDED = "gptq"
 
 
 def preset(name: str) -> Recipe:
