@@ -61,3 +61,18 @@ def test_dead_inputs_do_not_break_it():
     h[:, :, 2] = 0
     q = gptq_round(w, scale, h)
     assert np.all(np.isfinite(q)) and np.abs(q).max() <= 127
+
+
+def test_wide_layers_are_rounded_in_chunks(monkeypatch):
+    """Past MAX_INPUTS the inputs are rounded in chunks against H's diagonal blocks: the same
+    integers as rounding each chunk alone, and still never worse than nearest on each block."""
+    from torq.numerics import weight_rounding as wr
+    w, scale, h = _case(11, g=1, r=5, k=12)
+    monkeypatch.setattr(wr, "MAX_INPUTS", 4)
+    q = wr.gptq_round(w, scale, h)
+    for p in np.array_split(np.arange(12), 3):
+        alone = wr.gptq_round(w[..., p], scale, h[:, p[:, None], p])
+        assert np.array_equal(q[..., p], alone)
+        near = np.clip(np.rint(w[..., p] / scale[..., None]), -127, 127)
+        hb = h[:, p[:, None], p]
+        assert np.all(output_error(w[..., p], q[..., p], scale, hb) <= output_error(w[..., p], near, scale, hb))
