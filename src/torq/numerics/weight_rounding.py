@@ -11,8 +11,8 @@ Scales stay as given (``q`` in [−qmax, qmax], zero point 0): only which intege
 changes, so every scale contract (exact requant scales, the NPU's multipliers) is untouched.
 Each row keeps whichever of the two roundings has the smaller ``e·H·eᵀ``: never worse than
 nearest rounding on the data ``H`` came from. Layers with more than ``MAX_INPUTS`` inputs are
-rounded in chunks of inputs, each against its diagonal block of ``H`` (H⁻¹ costs k³; no Lite
-model layer is that wide).
+rounded in chunks of inputs, each against its diagonal block of ``H`` (H⁻¹ costs k³; EfficientNet-Lite's
+widest layer has exactly 1280).
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import numpy as np
 
 __all__ = ["gptq_round", "output_error"]
 
-MAX_INPUTS = 2048    # wider layers are rounded in chunks of inputs, each with its own block of H
+MAX_INPUTS = 1280    # wider layers are rounded in chunks of inputs, each with its own block of H
 BLOCK = 128          # columns rounded between two matmul updates of the rest
 DAMP = 0.01          # of the mean diagonal added to H: keeps H⁻¹ well conditioned (GPTQ's default)
 
@@ -38,7 +38,7 @@ def gptq_round(w: np.ndarray, scale: np.ndarray, h: np.ndarray, qmax: int = 127)
     w = np.asarray(w, np.float64)
     scale = np.asarray(scale, np.float64)
     g, r, k = w.shape
-    if k > MAX_INPUTS:          # H⁻¹ costs k³: a ResNet's 512×3×3 inputs (k = 4608) in three chunks
+    if k > MAX_INPUTS:          # H⁻¹ costs k³: a ResNet's 512×3×3 inputs (k = 4608) in four chunks
         parts = np.array_split(np.arange(k), -(-k // MAX_INPUTS))
         return np.concatenate([gptq_round(w[..., p], scale, np.asarray(h)[:, p[:, None], p], qmax)
                                for p in parts], axis=-1)

@@ -18,6 +18,7 @@ from onnx import numpy_helper
 from ..numerics.weight_rounding import gptq_round
 from .calibration import probe_session, rewind
 
+PENDING_VALUES = 1 << 20     # rows gathered (over samples) before they are added to H in one matmul
 ROWS_PER_SAMPLE = 2048       # im2col rows kept per sample and layer (a fixed random subset)
 
 
@@ -95,14 +96,26 @@ def _sum_moments(fp32, layers, samples) -> list:
     names = [o.name for o in sess.get_outputs()]
     rng = np.random.default_rng(0)
     acc: list = [None] * len(layers)
+    pending: list = [[] for _ in layers]       # rows waiting for one matmul (a wide layer gets few
+                                                # rows per sample: a K×K update per sample is the cost)
+
+    def flush(i):
+        rows = np.concatenate(pending[i], axis=1)
+        pending[i] = []
+        h = np.swapaxes(rows, 1, 2) @ rows
+        acc[i] = h if acc[i] is None else acc[i] + h
     for sample in samples:
         got = dict(zip(names, sess.run(None, sample)))
         for i, lay in enumerate(layers):
             rows = _patches(got[lay["input"]], lay, rng)
             if rows is None:
                 continue
-            h = np.swapaxes(rows, 1, 2) @ rows
-            acc[i] = h if acc[i] is None else acc[i] + h
+            pending[i].append(rows)
+            if sum(r.shape[1] for r in pending[i]) * rows.shape[0] * rows.shape[2] >= PENDING_VALUES:
+                flush(i)
+    for i in range(len(layers)):
+        if pending[i]:
+            flush(i)
     return acc
 
 
