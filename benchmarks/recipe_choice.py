@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "benchmarks" / "models"))
 
-CANDIDATES = ("per-channel", "exact", "cle", "mixed", "cle+auto")
+CANDIDATES = ("per-channel", "exact", "gptq", "cle", "mixed", "gptq+auto")
 MIN_INT8_MACS = 0.9
 ROWS = ("effnet", "lite1", "lite2")
 

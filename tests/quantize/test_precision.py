@@ -160,3 +160,15 @@ def test_auto_model_is_its_resolved_recipe_applied_on_every_sample(cnn):
         assert graph(again) == graph(q)
     plain = quantize(cnn, calibration_data_reader=ArrayDataReader(samples), per_channel=True)
     assert recipe_of(q).precision == () and graph(q) == graph(plain)
+
+
+def test_auto_budget_is_the_expected_loss_with_fp32_as_the_labels():
+    """A flip between two classes FP32 hesitates over costs little; a confident one costs all."""
+    from torq.quantize.auto_precision import compare
+    ref = np.array([[2.0, 2.0 - 1e-3, -5.0], [9.0, 0.0, 0.0]])
+    tied_flip = np.array([[2.0, 2.1, -5.0], [9.0, 0.0, 0.0]])
+    loss, dis, kl = compare(ref, tied_flip)
+    assert dis == 50.0 and 0 < loss < 0.1 and kl > 0
+    loss, dis, _ = compare(ref, np.array([[2.0, 1.0, -5.0], [0.0, 9.0, 0.0]]))
+    assert dis == 50.0 and loss > 49.9
+    assert compare(ref, ref)[:2] == (0.0, 0.0)

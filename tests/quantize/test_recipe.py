@@ -25,7 +25,8 @@ CHANGED = {"input_shape": ("x=1,3,8,8",), "format": "hybrid", "per_channel": Tru
            "preprocess": "norm=tf", "fold": False, "dead_channels": False, "equalize": "skip",
            "bias_correction": True, "exact_scales": True, "nodes_to_quantize": ("a",),
            "nodes_to_exclude": ("b",), "op_types_to_quantize": ("Conv",), "op_types_to_exclude": ("Gemm",),
-           "precision": (("c", "int16"),), "quant_dtype": "A16W8", "accuracy_budget": 2.0}
+           "precision": (("c", "int16"),), "quant_dtype": "A16W8", "accuracy_budget": 2.0,
+           "weight_rounding": "gptq"}
 
 
 def test_every_field_changes_the_fingerprint():
@@ -165,7 +166,7 @@ def test_quantize_writes_the_model_evaluate_measured(probe_model_path, tmp_path,
 
 @pytest.mark.slow
 def test_torq_compile_runs_what_evaluate_measured(probe_model_path, tmp_path):
-    """The recommended recipe (mixed precision: int16 layers chosen by measurement) through the
+    """The recommended recipe (today gptq: int8 weights rounded for least output error) through the
     user's path — `quantize --recipe recommended` then `torq-compile --emit program` — is the model
     evaluate measured: the same ONNX bytes, and the Program's NSS top-1 on the evaluated images is
     evaluate's INT8-NSS top-1, image by image."""

@@ -21,11 +21,12 @@ torq). One module per concern:
   explain  why a native result differs from ORT's (tie / near-tie / other), in exact rationals
   int16    int16 activations x int8 weights: the NPU's byte planes, ORT's float path, their contract
   loops    numba-compiled per-element loops and the layout plumbing they need
+  weight_rounding  which integer each int8 weight takes for least layer-output error (GPTQ)
 May import: nothing from torq; numpy, numba and the standard library only.
 """
 from __future__ import annotations
 
-from . import bf16, bf16_arith, bias, explain, int16, loops, native, ort
+from . import bf16, bf16_arith, bias, explain, int16, loops, native, ort, weight_rounding
 from .bf16 import *  # noqa: F401,F403
 from .bias import *  # noqa: F401,F403
 from .explain import *  # noqa: F401,F403

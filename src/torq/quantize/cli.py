@@ -63,8 +63,9 @@ def _auto_report(q, out: Path, recipe) -> None:
     atomic_write_text(report, json.dumps(result, indent=1) + "\n")
     verdict = "within" if result["met"] else "NOT within"
     print(f"torq-gen-config quantize: --precision auto: {len(result['int16_layers'])} int16 layers, "
-          f"{100 * result['int8_mac_share']:.1f} % of MACs in int8; top-1 disagreement with FP32 "
-          f"{result['disagreement_top1_points']:.2f} points on {result['holdout_images']} held-apart samples "
+          f"{100 * result['int8_mac_share']:.1f} % of MACs in int8; expected top-1 loss vs FP32 "
+          f"{result['expected_top1_loss_points']:.2f} points (top-1 disagreement "
+          f"{result['disagreement_top1_points']:.2f}) on {result['holdout_images']} held-apart samples "
           f"({verdict} the budget {recipe.accuracy_budget:g}); per layer: {report}")
 
 

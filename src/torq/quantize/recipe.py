@@ -30,6 +30,7 @@ FORMATS = ("qdq", "qoperator", "hybrid")
 DTYPES = ("A8W8", "A16W8")
 METHODS = ("minmax", "entropy", "percentile")
 EQUALIZE = ("off", "bounded", "skip")
+ROUNDINGS = ("nearest", "gptq")
 PRECISIONS = ("int8", "int16", "bf16", "auto")
 
 
@@ -54,6 +55,7 @@ class Recipe:
     equalize: str = "off"               # cross-layer equalization: off | bounded (ReLU6 pairs bounded) | skip (ReLU6 left)
     bias_correction: bool = False       # Conv/Gemm biases corrected for int8 weight rounding (calibration means)
     exact_scales: bool = False          # QDQ: weight scales moved <= 5 % so ORT's float requant is exact (NSS == ORT)
+    weight_rounding: str = "nearest"    # nearest | gptq: int8 weights rounded for least layer-output error (QDQ)
     # --- what gets quantized, with ORT's names
     nodes_to_quantize: tuple = ()       # only these nodes (empty = all)
     nodes_to_exclude: tuple = ()        # these nodes stay float
@@ -61,7 +63,7 @@ class Recipe:
     op_types_to_exclude: tuple = ()     # these op types stay float
     precision: tuple = ()               # ((node name, int8 | int16 | bf16), ...): per-layer activation precision;
                                         # node "*" = the whole model; ("*", "auto") = chosen by measurement
-    accuracy_budget: float = 0.5        # precision auto: top-1 points vs FP32 allowed on held-apart calibration
+    accuracy_budget: float = 0.5        # precision auto: expected top-1 loss vs FP32 (points) on held-apart calibration
 
     def __post_init__(self):
         if self.calibration_data is not None and not isinstance(self.calibration_data, str):
@@ -121,7 +123,8 @@ def check(r: Recipe) -> None:
     """Every field of ``r`` valid, else a one-line TorqError naming the flag."""
     for flag, value, allowed in (("--quant-format", r.format, FORMATS), ("--quant-dtype", r.quant_dtype, DTYPES),
                                  ("--calibrate-method", r.calibrate_method, METHODS),
-                                 ("--equalize", r.equalize, EQUALIZE)):
+                                 ("--equalize", r.equalize, EQUALIZE),
+                                 ("--weight-rounding", r.weight_rounding, ROUNDINGS)):
         if value not in allowed:
             raise TorqError(f"unsupported {flag} '{value}': supported values are {', '.join(allowed)}")
     if not isinstance(r.num_calib, int) or isinstance(r.num_calib, bool) or r.num_calib < 1:
@@ -176,6 +179,8 @@ PRESETS: dict[str, Recipe] = {
     # + cross-layer equalization and bias correction (evaluate's default before the tuning/report split).
     "cle": Recipe(per_channel=True, full_integer=True, num_calib=100, exact_scales=True,
                   equalize="bounded", bias_correction=True),
+    # + int8 weights rounded for least layer-output error on the calibration data (GPTQ; scales kept).
+    "gptq": Recipe(per_channel=True, full_integer=True, num_calib=100, exact_scales=True, weight_rounding="gptq"),
     # exact + mixed precision: the layers int8 hurts most get int16 activations (A16W8 on the NSS),
     # the fewest by MACs that keep top-1 within the budget on held-apart calibration images.
     "mixed": Recipe(per_channel=True, full_integer=True, num_calib=100, exact_scales=True,
@@ -183,12 +188,12 @@ PRESETS: dict[str, Recipe] = {
 }
 #: The default of every command (quantize, discover, run, evaluate, the benchmarks) and the
 #: ``recommended`` alias: chosen on the tuning half of the evaluation images by
-#: benchmarks/recipe_choice.py (2026-12-02: candidates exact, cle, mixed on EfficientNet-Lite0/1/2;
-#: none within 0.5 points of FP32 on every model's tuning half, cle's worst model closest, tied with
-#: mixed, which costs int16 work), reported on the other half (docs/recipes.md). ``Recipe()`` itself
+#: benchmarks/recipe_choice.py (2026-12-02, session 3: candidates exact, gptq, cle on
+#: EfficientNet-Lite0/1/2; gptq the first within 0.5 points of FP32 on every model's tuning half,
+#: +0.4 on each, all MACs int8), reported on the other half (docs/recipes.md). ``Recipe()`` itself
 #: is ORT's quantize_static defaults behind the front end: the base presets change, and the
 #: defaults of the Python ``quantize()`` (which keeps ORT's keyword vocabulary).
-RECOMMENDED = "cle"
+RECOMMENDED = "gptq"
 
 
 def preset(name: str) -> Recipe:
@@ -335,6 +340,10 @@ def quantize_prepared(recipe: Recipe, prepared: onnx.ModelProto, reader, *, wher
         from .exact_scales import exact_scales
         with stage("quantize: exact scales"):
             q = exact_scales(q, prepared)
+    if recipe.weight_rounding == "gptq" and fmt == "qdq":
+        from .weight_rounding import round_weights
+        with stage("quantize: weight rounding (gptq)"):
+            q = round_weights(q, prepared, reader)
     if recipe.full_integer:
         from .full_integer import convert_to_full_integer
         q = convert_to_full_integer(q)

@@ -56,6 +56,9 @@ FLAGS: dict[str, tuple[tuple[str, ...], dict]] = {
     "exact_scales": (("--exact-scales",), dict(action=_BOOL, help=(
         "QDQ: move each weight scale (typically 0.1 %%, at most 5 %%) so that ONNX Runtime's float "
         "requantization is exact; the NPU's native rounding is then bit-exact with ORT"))),
+    "weight_rounding": (("--weight-rounding",), dict(metavar="{nearest,gptq}", help=(
+        "QDQ int8 weights: nearest integer (default), or gptq: each layer's integers re-chosen to minimise "
+        "its output error on the calibration data (scales kept; numerics/weight_rounding.py)"))),
     "nodes_to_quantize": (("--nodes-to-quantize",), dict(metavar="LIST", help=(
         "comma list of node names: quantize only these (names after the front end, as ORT sees them)"))),
     "nodes_to_exclude": (("--nodes-to-exclude",), dict(metavar="LIST", help="comma list of node names left float")),
@@ -68,8 +71,8 @@ FLAGS: dict[str, tuple[tuple[str, ...], dict]] = {
         "fewest int16 layers (by MACs) keeping top-1 within --accuracy-budget of FP32 on held-apart "
         "calibration samples (docs/mixed-precision.md)"))),
     "accuracy_budget": (("--accuracy-budget",), dict(type=float, metavar="POINTS", help=(
-        "--precision auto: top-1 disagreement with FP32 allowed on the held-apart third of the calibration "
-        "samples, percentage points (default 0.5)"))),
+        "--precision auto: expected top-1 loss vs FP32 allowed on the held-apart third of the calibration "
+        "samples (FP32's softmax standing in for their labels), percentage points (default 0.5)"))),
 }
 _LISTS = ("nodes_to_quantize", "nodes_to_exclude", "op_types_to_quantize", "op_types_to_exclude")
 
@@ -109,7 +112,7 @@ def given(args) -> dict:
             v = tuple(parse_input_shape(t) for t in v)
         elif name == "precision":
             v = parse_precision(v)
-        elif name in ("format", "calibrate_method", "equalize"):
+        elif name in ("format", "calibrate_method", "equalize", "weight_rounding"):
             v = v.strip().lower()
         elif name == "quant_dtype":
             v = v.strip().upper()
