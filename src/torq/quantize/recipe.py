@@ -53,7 +53,7 @@ class Recipe:
     # --- fp32 transforms that trade a little calibration work for accuracy
     equalize: str = "off"               # cross-layer equalization: off | bounded (ReLU6 pairs bounded) | skip (ReLU6 left)
     bias_correction: bool = False       # Conv/Gemm biases corrected for int8 weight rounding (calibration means)
-    exact_scales: bool = False          # QDQ: weight scales moved <= 5 % so ORT's float requant is exact (NSS == ORT)
+    exact_scales: bool = False          # weight scales moved <= 5 % so ORT's float requant is exact (NSS == ORT)
     # --- what gets quantized, with ORT's names
     nodes_to_quantize: tuple = ()       # only these nodes (empty = all)
     nodes_to_exclude: tuple = ()        # these nodes stay float
@@ -331,7 +331,7 @@ def quantize_prepared(recipe: Recipe, prepared: onnx.ModelProto, reader, *, wher
         hint = "; try --quant-format qdq" if recipe.format != "qdq" else " (ONNX Runtime has no int8 form for any of its ops)"
         raise TorqError(f"{where}: ONNX Runtime quantized nothing with --quant-format {recipe.format} "
                         f"(none of its ops has an int8 form in that format){hint}")
-    if recipe.exact_scales and fmt == "qdq":
+    if recipe.exact_scales:
         from .exact_scales import exact_scales
         with stage("quantize: exact scales"):
             q = exact_scales(q, prepared)
