@@ -230,6 +230,17 @@ def load_fp32(model, where: str | None = None, input_shape=()) -> tuple[onnx.Mod
     return set_input_shapes(src, input_shape, where), where
 
 
+def source(recipe: Recipe, model, where: str | None = None) -> tuple[onnx.ModelProto, str]:
+    """The fp32 graph ``recipe`` quantizes (``load_fp32``; per-channel: at the per-axis opset, which
+    may rewrite ops, e.g. an opset-11 Softmax into Flatten -> Softmax -> Reshape): ``apply`` and
+    discover's layers start from it alike."""
+    src, where = load_fp32(model, where, recipe.input_shape)
+    if recipe.per_channel:
+        from ..graph.opset import PER_AXIS, at_least
+        src = at_least(src, PER_AXIS, f"{where}: --per-channel (per-axis DequantizeLinear)")
+    return src, where
+
+
 @contextmanager
 def _step(what: str, where: str):
     """One fp32 stage under a progress line; ORT failing on the user's model there (or the
@@ -291,10 +302,7 @@ def apply(recipe: Recipe, model, reader=None, *, where: str | None = None,
     float (a lone Relu, Flatten, ...) gets Q/DQ around its I/O instead of an error."""
     from . import memory_bound
     from .calibration import make_reader
-    src, where = load_fp32(model, where, recipe.input_shape)
-    if recipe.per_channel:
-        from ..graph.opset import PER_AXIS, at_least
-        src = at_least(src, PER_AXIS, f"{where}: --per-channel (per-axis DequantizeLinear)")
+    src, where = source(recipe, model, where)
     if reader is None:                           # (a caller's reader knows its own sizes)
         memory_bound.check(src, recipe.num_calib, where, "--num-calib")
     reader = reader if reader is not None else make_reader(src, recipe)
