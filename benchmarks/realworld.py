@@ -3,7 +3,7 @@
     python benchmarks/realworld.py [--models effnet,onet | --zoo resnet18,...] [--flags qdq,qdq-pc,qoperator]
                                    [--eval-limit 100] [--out build/realworld] [--json FILE [--resume]]
                                    [--dedup-layers] [--timeout S]
-    python benchmarks/realworld.py --json FILE --table     (the markdown table of FILE's rows)
+    python benchmarks/realworld.py --json FILE --table [MORE.json ...]   (the markdown table of the rows)
 
 For every model of the corpus (``benchmarks/models/corpus.py``: real weights from registry
 packages) and every flag set (qdq, qdq per-channel, qoperator), the CLI commands a user types:
@@ -250,17 +250,20 @@ def main() -> int:
     ap.add_argument("--json", type=Path, help="also write the rows as JSON")
     ap.add_argument("--dedup-layers", action="store_true",
                     help="discover tests one layer of each signature (big models: far fewer per-layer compiles)")
-    ap.add_argument("--table", action="store_true", help="print the table of --json's rows and exit (no runs)")
+    ap.add_argument("--table", nargs="*", metavar="MORE_JSON", help="print the table of --json's rows and exit "
+                    "(no runs); rows of MORE_JSON files replace the same model x flags rows (re-runs)")
     ap.add_argument("--resume", action="store_true", help="keep the rows already in --json; run only the others")
     args = ap.parse_args()
     flags = [f.strip() for f in args.flags.split(",") if f.strip()]
     bad = [f for f in flags if f not in FLAGS]
     if bad:
         ap.error(f"--flags: unknown {bad[0]!r}; choose from {', '.join(FLAGS)}")
-    rows = [Row(**d) for d in json.loads(args.json.read_text())] if (args.resume or args.table) and args.json \
-        and args.json.exists() else []
-    if args.table:
-        print(table(rows))
+    rows = [Row(**d) for d in json.loads(args.json.read_text())] if (args.resume or args.table is not None) \
+        and args.json and args.json.exists() else []
+    if args.table is not None:
+        merged = {(r.model, r.flags): r for f in [None, *args.table]
+                  for r in (rows if f is None else [Row(**d) for d in json.loads(Path(f).read_text())])}
+        print(table(list(merged.values())))
         return 0
     manifest = zoo(args.zoo) if args.zoo else corpus(DEFAULT_OUT, args.models.split(",") if args.models else None)
     done = {(r.model, r.flags) for r in rows}
