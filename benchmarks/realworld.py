@@ -261,7 +261,10 @@ def main() -> int:
     rows = [Row(**d) for d in json.loads(args.json.read_text())] if (args.resume or args.table is not None) \
         and args.json and args.json.exists() else []
     if args.table is not None:
-        merged = {(r.model, r.flags): r for f in [None, *args.table]
+        missing = [f for f in args.table if not Path(f).exists()]
+        if missing:
+            print(f"realworld: no rows yet in {', '.join(missing)}", file=sys.stderr)
+        merged = {(r.model, r.flags): r for f in [None, *args.table] if f not in missing
                   for r in (rows if f is None else [Row(**d) for d in json.loads(Path(f).read_text())])}
         print(table(list(merged.values())))
         return 0
