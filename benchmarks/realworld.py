@@ -19,7 +19,8 @@ with the product's default recipe (``recipe.RECOMMENDED``) in three formats: ``-
 lowered (torq_hl ops, ops left off the NSS), verify, discover's NSS
 share, "discover = compile" (the layers discover puts off the NSS are the ops the whole-model compile
 refuses), run (beyond tolerance, run again with ``--rounding ort``: native rounding or a wrong
-result?), top-1 (evaluate's default recipe: the qdq-pc row's), seconds. Exit 1 unless every
+result?; PASS says the largest output difference), top-1 (evaluate's default recipe: the qdq-pc row's),
+seconds. Exit 1 unless every
 row holds: verify PASS with nothing unsupported, discover and run exit 0, discover = compile, and
 no "internal error" in any output.
 """
@@ -68,7 +69,7 @@ class Row:
         exit 0, no internal error, and discover's verdict is the whole-model compile's."""
         verified = self.verify == "PASS" or (self.limits and self.unsupported == len(self.limits))
         return (verified and self.unsupported == len(self.limits) and self.discover_rc == 0
-                and self.run == "PASS" and not self.errors and not self.disagree)
+                and self.run.startswith("PASS") and not self.errors and not self.disagree)
 
 
 def step(cmd: list, log: Path, timeout: int) -> tuple[int, str]:
@@ -132,7 +133,7 @@ def run_row(name: str, entry: dict, flags: str, out: Path, eval_limit: int, time
                 from torq.gen_config.agreement import disagreements
                 row.disagree = disagreements(report, refused)
     rc, text = go([*CLI, "run", "--model", model, "--output-dir", work, "--quantize", *quant])
-    row.run = "PASS" if rc == 0 and "run: PASS" in text else f"FAIL ({_last_line(text)})"
+    row.run = f"PASS {_max_lsb(text)} LSB" if rc == 0 and "run: PASS" in text else f"FAIL ({_last_line(text)})"
     if rc == 1 and "run: FAIL: max" in text:    # beyond tolerance: is it the NSS's native rounding?
         rc, ort = go([*CLI, "run", "--model", model, "--output-dir", work, "--quantize", *quant, "--rounding", "ort"])
         row.run = f"FAIL: native {_max_lsb(text)} LSB; --rounding ort: " + \
