@@ -234,15 +234,19 @@ def _hkey(item):
 
 
 def ort_intermediates(c, inputs: dict) -> dict:
-    """ONNX Runtime on the canonical model with every node output exposed."""
+    """ONNX Runtime on the canonical model with every integer node output exposed (the ones
+    compared). Only those: a float one (a DQ's, a Conv's before its Q) exposed keeps ORT from fusing
+    DQ -> Conv -> Q into QLinearConv, and its float Conv then differs from the model's own run
+    (PP-OCR cls: outputs [18, -19] instead of [20, -22]), blaming a layer that computes right."""
     import onnx
     from .. import reference
     m = onnx.shape_inference.infer_shapes(c)
     have = {o.name for o in m.graph.output}
     typed = {v.name: v for v in list(m.graph.value_info)}
+    ints = (onnx.TensorProto.INT8, onnx.TensorProto.UINT8, onnx.TensorProto.INT16, onnx.TensorProto.UINT16)
     for n in m.graph.node:
         for o in n.output:
-            if o and o not in have and o in typed:
+            if o and o not in have and o in typed and typed[o].type.tensor_type.elem_type in ints:
                 m.graph.output.append(typed[o])
                 have.add(o)
     return reference.run(m, inputs)
