@@ -74,7 +74,7 @@ def _model(per_channel, seed, cin=3, cout=6, k=3, depthwise=False, gemm=False, f
     if gemm:
         m = model([helper.make_node("Gemm", ["x", "w", "b"], ["y"], transB=1)], [("x", [2, 24])], ["y"],
                   {"w": rng.normal(0, 0.3, (10, 24)).astype(F32), "b": rng.normal(0, 0.2, 10).astype(F32)})
-        return quantize(m, {"x": [2, 24]}, "qdq", per_channel=per_channel, seed=seed)
+        return quantize(m, {"x": [2, 24]}, fmt, per_channel=per_channel, seed=seed)
     group = cin if depthwise else 1
     m = conv_model(rng, cin, cin if depthwise else cout, k, 1, 1, [1, 1, 1, 1], group, True, True, (9, 9))
     return quantize(m, {"x": [1, cin, 9, 9]}, fmt, per_channel=per_channel, seed=seed)
@@ -84,14 +84,14 @@ def _ops(compiled, names=("torq_hl.conv2d", "torq_hl.depthwise_conv2d", "torq_hl
     return [st for st in compiled.program.steps if st.op in names]
 
 
-@settings(max_examples=16, deadline=None)
+@settings(max_examples=18, deadline=None)
 @given(st.booleans(), st.integers(0, 10 ** 6),
-       st.sampled_from(["conv", "depthwise", "gemm", "qlinearconv", "qlinear depthwise"]))
+       st.sampled_from(["conv", "depthwise", "gemm", "qlinearconv", "qlinear depthwise", "qgemm"]))
 def test_exact_scales_make_native_bit_exact_with_ort(per_channel, seed, kind):
-    """QDQ Conv / depthwise / Gemm and QOperator QLinearConv (plain and depthwise)."""
-    q = _model(per_channel, seed, depthwise=kind.endswith("depthwise"), gemm=kind == "gemm",
-               fmt="qoperator" if kind.startswith("qlinear") else "qdq")
-    assert kind.startswith("qlinear") == any(n.op_type == "QLinearConv" for n in q.graph.node)
+    """QDQ Conv / depthwise / Gemm and QOperator QLinearConv (plain and depthwise) / QGemm."""
+    q = _model(per_channel, seed, depthwise=kind.endswith("depthwise"), gemm=kind.endswith("gemm"),
+               fmt="qoperator" if kind.startswith("q") else "qdq")
+    assert kind.startswith("q") == any(n.op_type in ("QLinearConv", "QGemm") for n in q.graph.node)
     qe = exact_scales(q)
     compiled = torq.compile(qe)
     assert all(st.attrs["round_ties_even"] == 1 for st in _ops(compiled))

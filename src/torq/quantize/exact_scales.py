@@ -1,5 +1,5 @@
 """Weight scales on which ONNX Runtime's float arithmetic is exact: `Conv/Gemm/MatMul ∘ DQ -> same, ws'`
-(QDQ) and `QLinearConv -> same, ws'` (QOperator).
+(QDQ) and `QLinearConv / QGemm -> same, ws'` (QOperator).
 
 ORT requantizes a Conv/MatMul accumulator as ``RNE(fl32(fl32(acc) · s))`` with
 ``s = fl32(fl32(xs·ws)/ys)``. For an ordinary ``s`` the float32 product rounds, and on ~2e-6 of
@@ -66,7 +66,7 @@ def exact_weight_scale(xs, ws, ys) -> np.float32 | None:
 def exact_scales(qmodel: onnx.ModelProto, fp32: onnx.ModelProto | None = None) -> onnx.ModelProto:
     """A copy of the quantized model with every matchable weight scale moved to an exact-dyadic
     requant scale (module docstring): QDQ ``DQ -> Conv/Gemm/MatMul -> Q`` and QOperator
-    ``QLinearConv`` (ORT computes its requant scale the same way, ``fl32(fl32(xs·ws)/ys)``).
+    ``QLinearConv`` / ``QGemm`` (ORT computes their requant scale the same way, ``fl32(fl32(xs·ws)/ys)``).
     ``fp32``: the model that was quantized (its weights, by the quantizer's ``<name>_quantized``
     naming, are re-quantized instead of the int8 values)."""
     m = onnx.ModelProto()
@@ -84,6 +84,8 @@ def exact_scales(qmodel: onnx.ModelProto, fp32: onnx.ModelProto | None = None) -
             layer = _qdq_layer(n, inits, producer, consumers)
         elif n.op_type == "QLinearConv" and n.domain in ("", "ai.onnx"):
             layer = _qlinear_layer(n, inits)
+        elif n.op_type == "QGemm" and n.domain == "com.microsoft":
+            layer = _qgemm_layer(n, inits)
         else:
             continue
         if layer is not None:
@@ -135,6 +137,17 @@ def _qlinear_layer(node, inits) -> _Layer | None:
     bias = node.input[8] if len(node.input) > 8 and node.input[8] in inits else None
     return _Layer(_scalar(inits, node.input[1]), _scalar(inits, node.input[6]), node.input[3], node.input[4],
                   node.input[5], 0, bias)
+
+
+def _qgemm_layer(node, inits) -> _Layer | None:
+    """QGemm(A, as, az, B, bs, bz, C, ys, yz) with alpha 1 and an int8 output: C's scale is as·bs."""
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    if len(node.input) < 9 or not node.input[7] or attrs.get("alpha", 1.0) != 1.0 or node.input[3] not in inits \
+            or _wide(node.input[2], inits) or _wide(node.input[8], inits):
+        return None
+    bias = node.input[6] if node.input[6] in inits else None
+    return _Layer(_scalar(inits, node.input[1]), _scalar(inits, node.input[7]), node.input[3], node.input[4],
+                  node.input[5], 0 if attrs.get("transB", 0) else 1, bias)
 
 
 def _rescale(layer: _Layer, inits, floats) -> bool:

@@ -54,7 +54,7 @@ FLAGS: dict[str, tuple[tuple[str, ...], dict]] = {
     "bias_correction": (("--bias-correction",), dict(action=_BOOL, help=(
         "correct Conv/Gemm biases for int8 weight rounding (fp32 transform, calibration means)"))),
     "exact_scales": (("--exact-scales",), dict(action=_BOOL, help=(
-        "move each Conv/Gemm/MatMul (QDQ) and QLinearConv weight scale (typically 0.1 %%, at most 5 %%) so "
+        "move each Conv/Gemm/MatMul (QDQ) and QLinearConv/QGemm weight scale (typically 0.1 %%, at most 5 %%) so "
         "that ONNX Runtime's float requantization is exact; the NPU's native rounding is then bit-exact with ORT"))),
     "nodes_to_quantize": (("--nodes-to-quantize",), dict(metavar="LIST", help=(
         "comma list of node names: quantize only these (names after the front end, as ORT sees them)"))),
