@@ -1,7 +1,9 @@
 """``make realworld``: the whole workflow on real pretrained models, as a user runs it.
 
-    python benchmarks/realworld.py [--models effnet,onet] [--flags qdq,qdq-pc,qoperator]
-                                   [--eval-limit 100] [--out build/realworld] [--json FILE]
+    python benchmarks/realworld.py [--models effnet,onet | --zoo resnet18,...] [--flags qdq,qdq-pc,qoperator]
+                                   [--eval-limit 100] [--out build/realworld] [--json FILE [--resume]]
+                                   [--dedup-layers] [--timeout S]
+    python benchmarks/realworld.py --json FILE --table [MORE.json ...]   (the markdown table of the rows)
 
 For every model of the corpus (``benchmarks/models/corpus.py``: real weights from registry
 packages) and every flag set (qdq, qdq per-channel, qoperator), the CLI commands a user types:
@@ -12,10 +14,13 @@ packages) and every flag set (qdq, qdq per-channel, qoperator), the CLI commands
   torq-gen-config run --quantize ...
   torq-gen-config evaluate        (models with labelled data: FP32 / INT8 / NSS top-1)
 
-and one table: model x flags: lowered (torq_hl ops, ops left off the NSS), verify, discover's NSS
+with the product's default recipe (``recipe.RECOMMENDED``) in three formats: ``--per-tensor``
+(qdq), nothing (qdq-pc: the default itself), ``--quant-format qoperator``. One table: model x flags:
+lowered (torq_hl ops, ops left off the NSS), verify, discover's NSS
 share, "discover = compile" (the layers discover puts off the NSS are the ops the whole-model compile
 refuses), run (beyond tolerance, run again with ``--rounding ort``: native rounding or a wrong
-result?), top-1 (evaluate's recommended recipe, not the row's flags), seconds. Exit 1 unless every
+result?; PASS says the largest output difference), top-1 (evaluate's default recipe: the qdq-pc row's),
+seconds. Exit 1 unless every
 row holds: verify PASS with nothing unsupported, discover and run exit 0, discover = compile, and
 no "internal error" in any output.
 """
@@ -33,10 +38,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-#: ORT's defaults (preset "ort") in three formats; the product default (the recommended recipe) is
-#: what evaluate measures
-FLAGS = {"qdq": ["--recipe", "ort"], "qdq-pc": ["--recipe", "ort", "--per-channel"],
-         "qoperator": ["--recipe", "ort", "--quant-format", "qoperator"]}
+#: The product default (``recipe.RECOMMENDED``: what a user gets with no recipe flag) in three
+#: formats: per-tensor QDQ, per-channel QDQ (the default itself), QOperator
+FLAGS = {"qdq": ["--per-tensor"], "qdq-pc": [], "qoperator": ["--quant-format", "qoperator"]}
 CLI = [sys.executable, "-m", "torq.gen_config.cli"]
 COMPILE = [sys.executable, "-m", "torq.compile_cli"]
 
@@ -65,7 +69,7 @@ class Row:
         exit 0, no internal error, and discover's verdict is the whole-model compile's."""
         verified = self.verify == "PASS" or (self.limits and self.unsupported == len(self.limits))
         return (verified and self.unsupported == len(self.limits) and self.discover_rc == 0
-                and self.run == "PASS" and not self.errors and not self.disagree)
+                and self.run.startswith("PASS") and not self.errors and not self.disagree)
 
 
 def step(cmd: list, log: Path, timeout: int) -> tuple[int, str]:
@@ -95,7 +99,8 @@ def calibration(entry: dict) -> list:
     return []
 
 
-def run_row(name: str, entry: dict, flags: str, out: Path, eval_limit: int, timeout: int) -> Row:
+def run_row(name: str, entry: dict, flags: str, out: Path, eval_limit: int, timeout: int,
+            discover_args: tuple = ()) -> Row:
     row, work = Row(name, flags), out / name / flags
     shutil.rmtree(work, ignore_errors=True)          # a row starts from nothing (discover keeps old reports)
     work.mkdir(parents=True)
@@ -115,7 +120,7 @@ def run_row(name: str, entry: dict, flags: str, out: Path, eval_limit: int, time
         row.errors.append(f"quantize: {_last_line(text)}")
     else:
         _verify(row, *go([*COMPILE, q, "--verify-against-ort", "-o", work / "q.torq_hl.mlir"]))
-    rc, text = go([*CLI, "discover", "--model", model, "--output-dir", work, "--quantize", *quant, "--skip-mode"])
+    rc, text = go([*CLI, "discover", "--model", model, "--output-dir", work, "--quantize", *quant, "--skip-mode", *discover_args])
     row.discover_rc = rc
     report = _discovered(row, work, Path(model).stem, text)
     if q.exists():
@@ -128,7 +133,7 @@ def run_row(name: str, entry: dict, flags: str, out: Path, eval_limit: int, time
                 from torq.gen_config.agreement import disagreements
                 row.disagree = disagreements(report, refused)
     rc, text = go([*CLI, "run", "--model", model, "--output-dir", work, "--quantize", *quant])
-    row.run = "PASS" if rc == 0 and "run: PASS" in text else f"FAIL ({_last_line(text)})"
+    row.run = f"PASS {_max_lsb(text)} LSB" if rc == 0 and "run: PASS" in text else f"FAIL ({_last_line(text)})"
     if rc == 1 and "run: FAIL: max" in text:    # beyond tolerance: is it the NSS's native rounding?
         rc, ort = go([*CLI, "run", "--model", model, "--output-dir", work, "--quantize", *quant, "--rounding", "ort"])
         row.run = f"FAIL: native {_max_lsb(text)} LSB; --rounding ort: " + \
@@ -195,9 +200,17 @@ def _last_line(text: str) -> str:
     return (lines[-1] if lines else "")[:160]
 
 
+def recipe_line() -> str:
+    """Which recipe the rows use, for the table's header."""
+    sys.path.insert(0, str(ROOT / "src"))
+    from torq.quantize.recipe import RECOMMENDED, preset
+    return (f"Recipe: the product default `{RECOMMENDED}` ({preset(RECOMMENDED).describe()}); "
+            f"flags: " + ", ".join(f"{k} = `{' '.join(v) or '(none)'}`" for k, v in FLAGS.items()))
+
+
 def table(rows: list[Row]) -> str:
-    head = ("| model | flags | lowered (torq_hl / off NSS) | verify | discover NSS share | discover = compile "
-            "| run | top-1 FP32/INT8/NSS (recommended recipe) | s |")
+    head = (recipe_line() + "\n\n| model | flags | lowered (torq_hl / off NSS) | verify | discover NSS share "
+            "| discover = compile | run | top-1 FP32/INT8/NSS (qdq-pc recipe) | s |")
     lines = [head, "|" + "---|" * 9]
     for r in rows:
         share = f"{r.nss}/{r.layers} ({100 * r.nss / r.layers:.0f} %)" if r.layers else "-"
@@ -236,22 +249,35 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "build" / "realworld")
     ap.add_argument("--timeout", type=int, default=3600, help="seconds per command (default 3600)")
     ap.add_argument("--json", type=Path, help="also write the rows as JSON")
+    ap.add_argument("--dedup-layers", action="store_true",
+                    help="discover tests one layer of each signature (big models: far fewer per-layer compiles)")
+    ap.add_argument("--table", nargs="*", metavar="MORE_JSON", help="print the table of --json's rows and exit "
+                    "(no runs); rows of MORE_JSON files replace the same model x flags rows (re-runs)")
     ap.add_argument("--resume", action="store_true", help="keep the rows already in --json; run only the others")
     args = ap.parse_args()
     flags = [f.strip() for f in args.flags.split(",") if f.strip()]
     bad = [f for f in flags if f not in FLAGS]
     if bad:
         ap.error(f"--flags: unknown {bad[0]!r}; choose from {', '.join(FLAGS)}")
+    rows = [Row(**d) for d in json.loads(args.json.read_text())] if (args.resume or args.table is not None) \
+        and args.json and args.json.exists() else []
+    if args.table is not None:
+        missing = [f for f in args.table if not Path(f).exists()]
+        if missing:
+            print(f"realworld: no rows yet in {', '.join(missing)}", file=sys.stderr)
+        merged = {(r.model, r.flags): r for f in [None, *args.table] if f not in missing
+                  for r in (rows if f is None else [Row(**d) for d in json.loads(Path(f).read_text())])}
+        print(table(list(merged.values())))
+        return 0
     manifest = zoo(args.zoo) if args.zoo else corpus(DEFAULT_OUT, args.models.split(",") if args.models else None)
-    rows = [Row(**d) for d in json.loads(args.json.read_text())] if args.resume and args.json and args.json.exists() \
-        else []
     done = {(r.model, r.flags) for r in rows}
     for name, entry in manifest.items():
         for f in flags:
             if (name, f) in done:
                 continue
             print(f"[realworld] {time.strftime('%H:%M:%S')} {name} {f} ...", file=sys.stderr, flush=True)
-            rows.append(run_row(name, entry, f, args.out, args.eval_limit, args.timeout))
+            rows.append(run_row(name, entry, f, args.out, args.eval_limit, args.timeout,
+                                ("--dedup-layers",) if args.dedup_layers else ()))
             r = rows[-1]
             print(f"[realworld] {time.strftime('%H:%M:%S')} {name} {f}: verify {r.verify}, run {r.run}, "
                   f"{r.seconds:.0f} s" + (f", {'; '.join(r.errors)}" if r.errors else ""), file=sys.stderr, flush=True)

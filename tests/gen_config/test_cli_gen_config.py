@@ -262,3 +262,23 @@ def test_discover_carries_each_layers_precision_and_view_shows_it(tmp_path, caps
     assert "precision" in out and "int16" in out
     assert cli("view", "--model", model, "--output-dir", tmp_path, "--layer", "Conv_conv2") == 0
     assert "Precision: int16" in capsys.readouterr().out
+
+
+def test_run_refuses_a_layer_no_executor_can_run(tmp_path, capsys):
+    """discover saw every executor it tested fail on a layer (LpNormalization: no NSS pattern; css and
+    host not tested): run names that layer and the edit that gets it going, instead of putting it on
+    the NSS by default and failing there; after that edit the run passes."""
+    model = conv_chain(tmp_path / "lp.onnx")
+    assert cli("discover", "--model", model, "--output-dir", tmp_path, *QFLAGS, "--skip-executors", "css,host") == 1
+    report = json.loads((tmp_path / "torq_gen_config_lp.json").read_text())
+    assert report["has_critical_failures"]
+    op = report["ops"]["LpNormalization_mid"]
+    assert op["recommended_executor"] is None and [e["status"] for e in op["executors"].values()] == ["error"]
+    capsys.readouterr()
+    _one_line_error(capsys, cli("run", "--model", model, "--output-dir", tmp_path, *QFLAGS),
+                    "layer 'LpNormalization_mid' (LpNormalization) has no executor", "nss: ", "--executor host",
+                    "css/host")
+    assert not list(tmp_path.glob("*.tmp*"))
+    assert cli("edit", "--model", model, "--output-dir", tmp_path, "--layer", "LpNormalization_mid",
+               "--executor", "host") == 0
+    assert cli("run", "--model", model, "--output-dir", tmp_path, *QFLAGS) == 0

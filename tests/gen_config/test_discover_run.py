@@ -154,3 +154,22 @@ def test_run_caches_nss_segments_as_programs(example):
     assert cli("run", "--model", model, "--output-dir", d, *QFLAGS, "--rounding", "ort") == 0
     assert _report(d)["full_model_metrics"]["max_abs_lsb"] == 0
     assert all(Program.load(p).steps for p in saved)
+
+
+def test_divergence_reference_is_orts_own_run():
+    """run's layer-by-layer locator compares with ORT run on the model with its intermediates exposed:
+    only the int8 ones (the ones compared), so ORT still fuses DQ -> Conv -> Q and computes what its own
+    run of the model computes (a float intermediate exposed made PP-OCR cls's ORT outputs [18, -19]
+    instead of [20, -22], and the locator blamed a Conv that computes right)."""
+    import numpy as np
+    from qmodels import conv_model, quantize
+    from torq import reference
+    from torq.gen_config.run import ort_intermediates
+    from torq.graph.inputs import random_inputs
+    q = quantize(conv_model(np.random.default_rng(5), 3, 6, 3, 1, 1, [1, 1, 1, 1], 1, True, True, (9, 9)),
+                 {"x": [1, 3, 9, 9]}, "qdq", per_channel=True, full_integer=False)
+    inputs = random_inputs(q, 0)
+    got, ref = ort_intermediates(q, inputs), reference.run(q, inputs)
+    assert all(np.array_equal(got[k], ref[k]) for k in ref)
+    exposed = set(got) - set(ref) - set(inputs)
+    assert exposed and all(np.issubdtype(got[k].dtype, np.integer) for k in exposed), exposed

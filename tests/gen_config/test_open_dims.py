@@ -33,3 +33,33 @@ def test_per_channel_opset11_is_valid_onnx():
     assert [o.version for o in q.opset_import if o.domain == ""] == [13]
     onnx.checker.check_model(q, full_check=True)
     assert any(a.name == "axis" for n in q.graph.node if n.op_type == "DequantizeLinear" for a in n.attribute)
+
+
+def _paddle_classifier():
+    """Opset 11 x[-1,3,-1,?] -> Conv -> MaxPool -> GlobalAveragePool -> Softmax over axis 1 of [1,4,1,1]
+    (opset 11: of the input flattened to 2-D): at the per-axis opset 13, ONNX's converter makes it
+    Flatten -> Softmax -> Reshape (as it does PP-OCR's head, whose rank it cannot see)."""
+    m = paddle_style()
+    g = m.graph
+    g.node[2].output[0] = "gap"
+    g.node.extend([onnx.helper.make_node("Softmax", ["gap"], ["y"], axis=1)])
+    return m
+
+
+def test_per_channel_discover_cuts_layers_from_the_graph_quantize_makes(tmp_path):
+    """Per-channel lifts an opset-11 model to opset 13 before anything else; discover's layers (and
+    run's map) are cut from that same graph, so the Softmax discover sends to the CSS is the one the
+    whole-model compile of ``quantize``'s output refuses (PP-OCR's cls: they were 2 lines apart)."""
+    import torq
+    from torq.gen_config.agreement import disagreements, whole_model_refusals
+    fp32 = tmp_path / "paddle.onnx"
+    onnx.save(_paddle_classifier(), fp32)
+    common = ["--model", str(fp32), "--input-shape", "x=1,3,16,24", "--per-channel"]
+    assert cli(["quantize", *common, "-o", str(tmp_path / "q.onnx")]) == 0
+    assert cli(["discover", *common, "--output-dir", str(tmp_path), "--quantize", "--skip-mode"]) == 0
+    report = json.loads((tmp_path / "torq_gen_config_paddle.json").read_text())
+    assert [op["recommended_executor"] for lid, op in report["ops"].items() if lid.startswith("Softmax")] == ["css"]
+    refused = whole_model_refusals(torq.compile(onnx.load(tmp_path / "q.onnx")).report)
+    assert [u.onnx_op for u in refused.values()] == ["Softmax"]
+    assert disagreements(report, refused) == []
+    assert cli(["run", *common, "--output-dir", str(tmp_path), "--quantize"]) == 0

@@ -67,27 +67,31 @@ def test_nte_loop_matches_the_formula(seed, shift):
         np.testing.assert_array_equal(want, np.clip(exact + 5, -128, 127))
 
 
-def _model(per_channel, seed, cin=3, cout=6, k=3, depthwise=False, gemm=False):
+def _model(per_channel, seed, cin=3, cout=6, k=3, depthwise=False, gemm=False, fmt="qdq"):
     from onnx import helper
     from qmodels import conv_model, model, quantize
     rng = np.random.default_rng(seed)
     if gemm:
         m = model([helper.make_node("Gemm", ["x", "w", "b"], ["y"], transB=1)], [("x", [2, 24])], ["y"],
                   {"w": rng.normal(0, 0.3, (10, 24)).astype(F32), "b": rng.normal(0, 0.2, 10).astype(F32)})
-        return quantize(m, {"x": [2, 24]}, "qdq", per_channel=per_channel, seed=seed)
+        return quantize(m, {"x": [2, 24]}, fmt, per_channel=per_channel, seed=seed)
     group = cin if depthwise else 1
     m = conv_model(rng, cin, cin if depthwise else cout, k, 1, 1, [1, 1, 1, 1], group, True, True, (9, 9))
-    return quantize(m, {"x": [1, cin, 9, 9]}, "qdq", per_channel=per_channel, seed=seed)
+    return quantize(m, {"x": [1, cin, 9, 9]}, fmt, per_channel=per_channel, seed=seed)
 
 
 def _ops(compiled, names=("torq_hl.conv2d", "torq_hl.depthwise_conv2d", "torq_hl.fully_connected")):
     return [st for st in compiled.program.steps if st.op in names]
 
 
-@settings(max_examples=12, deadline=None)
-@given(st.booleans(), st.integers(0, 10 ** 6), st.sampled_from(["conv", "depthwise", "gemm"]))
+@settings(max_examples=18, deadline=None)
+@given(st.booleans(), st.integers(0, 10 ** 6),
+       st.sampled_from(["conv", "depthwise", "gemm", "qlinearconv", "qlinear depthwise", "qgemm"]))
 def test_exact_scales_make_native_bit_exact_with_ort(per_channel, seed, kind):
-    q = _model(per_channel, seed, depthwise=kind == "depthwise", gemm=kind == "gemm")
+    """QDQ Conv / depthwise / Gemm and QOperator QLinearConv (plain and depthwise) / QGemm."""
+    q = _model(per_channel, seed, depthwise=kind.endswith("depthwise"), gemm=kind.endswith("gemm"),
+               fmt="qoperator" if kind.startswith("q") else "qdq")
+    assert kind.startswith("q") == any(n.op_type in ("QLinearConv", "QGemm") for n in q.graph.node)
     qe = exact_scales(q)
     compiled = torq.compile(qe)
     assert all(st.attrs["round_ties_even"] == 1 for st in _ops(compiled))
@@ -113,6 +117,20 @@ def test_weights_and_bias_keep_their_values():
     bias_old = a["b_quantized"] * a["b_quantized_scale"]
     bias_new = b["b_quantized"] * b["b_quantized_scale"]
     np.testing.assert_allclose(bias_new, bias_old, atol=float(b["b_quantized_scale"].max()))
+
+
+def test_qlinearconv_weights_and_bias_keep_their_values():
+    """QLinearConv's int32 bias has no scale of its own (xs·ws): it is re-quantized to xs·ws'."""
+    q = _model(True, 3, fmt="qoperator")
+    qe = exact_scales(q)
+    a = {t.name: numpy_helper.to_array(t) for t in q.graph.initializer}
+    b = {t.name: numpy_helper.to_array(t) for t in qe.graph.initializer}
+    s, s2 = a["w_scale"], b["w_scale"]
+    assert not np.array_equal(s, s2) and np.all(np.abs(s2 / s - 1) <= 0.05)
+    xs = a["x_scale"]
+    bias_old, bias_new = a["b_quantized"] * nx.dq_scale(xs, s), b["b_quantized"] * nx.dq_scale(xs, s2)
+    assert not np.array_equal(a["b_quantized"], b["b_quantized"])
+    np.testing.assert_allclose(bias_new, bias_old, atol=float(nx.dq_scale(xs, s2).max()))
 
 
 def _dyadic_conv():

@@ -103,8 +103,9 @@ def prepared_fp32(model_path: Path, quant: QuantSettings):
         model = load_model(model_path)
         if not is_quantized(model):
             from ..graph.input_shape import static_shapes
-            from ..quantize.recipe import front_end, load_fp32, prepare
-            model, _ = load_fp32(model, str(model_path), quant.recipe.input_shape)
+            from ..quantize.recipe import front_end, load_fp32, prepare, source
+            model, _ = source(quant.recipe, model, str(model_path)) if quant.quantize else \
+                load_fp32(model, str(model_path), quant.recipe.input_shape)
             static_shapes(model, str(model_path))     # a size still open: say so before cutting layers
             model = prepare(quant.recipe, model, where=str(model_path)) if quant.quantize \
                 else front_end(quant.recipe, model, str(model_path))

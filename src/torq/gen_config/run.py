@@ -91,6 +91,26 @@ def per_layer(layers, places, assignments: dict) -> list[tuple[str, str, str]]:
     return out
 
 
+def refuse_unrunnable(report: dict, op_types: dict, opts: RunOptions) -> None:
+    """A layer with its own location whose every tested executor failed in discover, and no edit,
+    has no executor: the compiler would put it on the NSS by default, where discover saw it fail.
+    Refused in one line naming it, instead of a segment failing (or running a layer nobody vetted)."""
+    from . import report_text as T
+    ops = report["ops"]
+    bad = [lid for lid in T.counts(ops)["critical"] if ops[lid].get("recommended_executor") is None
+           and "executor" not in (ops[lid].get("edit") or {}) and schema.is_location(ops[lid].get("mlir_location"))]
+    if not bad:
+        return
+    tested = ops[bad[0]]["executors"]
+    why = "; ".join(f"{e}: {(r.get('failure_report') or {}).get('reason_code', 'error')}" for e, r in tested.items())
+    untested = [e for e in X.EXECUTOR_ORDER if e not in tested]
+    more = f" (and {len(bad) - 1} more layer(s) alike)" if len(bad) > 1 else ""
+    again = f"; or re-run discover testing {'/'.join(untested)} too" if untested else ""
+    raise TorqError(f"layer '{bad[0]}' ({op_types.get(bad[0], '?')}) has no executor: every executor discover "
+                    f"tested failed ({why}){more}; assign one with 'torq-gen-config edit --model {opts.model} "
+                    f"--output-dir {opts.output_dir} --layer {bad[0]} --executor host'{again}")
+
+
 def layer_locations(model: Path, fingerprint: dict | None) -> dict[str, str | None]:
     """Layer id -> LINE:COL in the (quantized) full model, for editing a compiler JSON by id."""
     from .discover import locations
@@ -214,15 +234,19 @@ def _hkey(item):
 
 
 def ort_intermediates(c, inputs: dict) -> dict:
-    """ONNX Runtime on the canonical model with every node output exposed."""
+    """ONNX Runtime on the canonical model with every integer node output exposed (the ones
+    compared). Only those: a float one (a DQ's, a Conv's before its Q) exposed keeps ORT from fusing
+    DQ -> Conv -> Q into QLinearConv, and its float Conv then differs from the model's own run
+    (PP-OCR cls: outputs [18, -19] instead of [20, -22]), blaming a layer that computes right."""
     import onnx
     from .. import reference
     m = onnx.shape_inference.infer_shapes(c)
     have = {o.name for o in m.graph.output}
     typed = {v.name: v for v in list(m.graph.value_info)}
+    ints = (onnx.TensorProto.INT8, onnx.TensorProto.UINT8, onnx.TensorProto.INT16, onnx.TensorProto.UINT16)
     for n in m.graph.node:
         for o in n.output:
-            if o and o not in have and o in typed:
+            if o and o not in have and o in typed and typed[o].type.tensor_type.elem_type in ints:
                 m.graph.output.append(typed[o])
                 have.add(o)
     return reference.run(m, inputs)
@@ -293,6 +317,7 @@ def _run(opts: RunOptions, layers, q, src: MapSource, log) -> tuple[dict, Path]:
     if report is not None:
         relocate(report, layers, places)
         mine = {"ops": {lay.id: report["ops"][lay.id] for lay in layers if lay.id in report["ops"]}}
+        refuse_unrunnable(mine, {lay.id: lay.op_type for lay in layers}, opts)
         assignments = schema.compiler_config(mine)["op_assignments"]   # another model's ids decide nothing
         note = coverage_note(report, layers)
         locs = {lid: op["mlir_location"] for lid, op in report["ops"].items() if "mlir_location" in op}

@@ -1,4 +1,5 @@
-"""Weight scales on which ONNX Runtime's float arithmetic is exact: `Conv/Gemm/MatMul ∘ DQ -> same, ws'`.
+"""Weight scales on which ONNX Runtime's float arithmetic is exact: `Conv/Gemm/MatMul ∘ DQ -> same, ws'`
+(QDQ) and `QLinearConv / QGemm -> same, ws'` (QOperator).
 
 ORT requantizes a Conv/MatMul accumulator as ``RNE(fl32(fl32(acc) · s))`` with
 ``s = fl32(fl32(xs·ws)/ys)``. For an ordinary ``s`` the float32 product rounds, and on ~2e-6 of
@@ -63,10 +64,11 @@ def exact_weight_scale(xs, ws, ys) -> np.float32 | None:
 
 
 def exact_scales(qmodel: onnx.ModelProto, fp32: onnx.ModelProto | None = None) -> onnx.ModelProto:
-    """A copy of the QDQ model with every matchable Conv / Gemm / MatMul weight scale moved to an
-    exact-dyadic requant scale (module docstring). ``fp32``: the model that was quantized (its
-    weights, by the quantizer's ``<name>_quantized`` naming, are re-quantized instead of the
-    int8 values)."""
+    """A copy of the quantized model with every matchable weight scale moved to an exact-dyadic
+    requant scale (module docstring): QDQ ``DQ -> Conv/Gemm/MatMul -> Q`` and QOperator
+    ``QLinearConv`` / ``QGemm`` (ORT computes their requant scale the same way, ``fl32(fl32(xs·ws)/ys)``).
+    ``fp32``: the model that was quantized (its weights, by the quantizer's ``<name>_quantized``
+    naming, are re-quantized instead of the int8 values)."""
     m = onnx.ModelProto()
     m.CopyFrom(qmodel)
     g = m.graph
@@ -79,8 +81,24 @@ def exact_scales(qmodel: onnx.ModelProto, fp32: onnx.ModelProto | None = None) -
             consumers.setdefault(i, []).append(n)
     for n in g.node:
         if n.op_type in ("Conv", "Gemm", "MatMul"):
-            _rescale_layer(n, inits, floats, producer, consumers)
+            layer = _qdq_layer(n, inits, producer, consumers)
+        elif n.op_type == "QLinearConv" and n.domain in ("", "ai.onnx"):
+            layer = _qlinear_layer(n, inits)
+        elif n.op_type == "QGemm" and n.domain == "com.microsoft":
+            layer = _qgemm_layer(n, inits)
+        else:
+            continue
+        if layer is not None:
+            _rescale(layer, inits, floats)
     return m
+
+
+class _Layer:
+    """What the pass needs of one layer, whatever its form: the input/output activation scales,
+    the weight's int8 / scale / zero-point initializer names and its int32 bias, if any."""
+    def __init__(self, xs, ys, w, ws, wz, axis, bias=None, bias_scale=None):
+        self.xs, self.ys, self.w, self.ws, self.wz, self.axis = xs, ys, w, ws, wz, axis
+        self.bias, self.bias_scale = bias, bias_scale   # bias_scale: its scale's initializer (QDQ), else xs·ws
 
 
 def _scalar(inits, name):
@@ -90,57 +108,89 @@ def _scalar(inits, name):
     return _F32(v.reshape(-1)[0]) if v.size == 1 else None
 
 
-def _wide(qdq, inits) -> bool:
-    """A Quantize/DequantizeLinear with a 16-bit zero point (int16 activations)."""
-    zp = inits.get(qdq.input[2]) if len(qdq.input) > 2 else None
+def _wide(zp_name, inits) -> bool:
+    """A 16-bit zero point (int16 activations)."""
+    zp = inits.get(zp_name)
     return zp is not None and zp.data_type in (onnx.TensorProto.INT16, onnx.TensorProto.UINT16)
 
 
-def _rescale_layer(node, inits, floats, producer, consumers) -> bool:
+def _qdq_layer(node, inits, producer, consumers) -> _Layer | None:
     dqx, dqw = producer.get(node.input[0]), producer.get(node.input[1])
     outs = consumers.get(node.output[0], [])
     if (dqx is None or dqw is None or dqx.op_type != "DequantizeLinear" or dqw.op_type != "DequantizeLinear"
             or len(outs) != 1 or outs[0].op_type != "QuantizeLinear" or dqw.input[0] not in inits):
+        return None
+    if any(len(q.input) > 2 and _wide(q.input[2], inits) for q in (dqx, outs[0])):
+        return None             # int16 activations: ORT accumulates in float anyway (numerics.int16)
+    axis = next((a.i for a in dqw.attribute if a.name == "axis"), 1)
+    dqb = producer.get(node.input[2]) if len(node.input) > 2 and node.input[2] else None
+    bias = dqb.input[0] if dqb is not None and dqb.op_type == "DequantizeLinear" \
+        and dqb.input[0] in inits and dqb.input[1] in inits else None
+    return _Layer(_scalar(inits, dqx.input[1]), _scalar(inits, outs[0].input[1]), dqw.input[0], dqw.input[1],
+                  dqw.input[2] if len(dqw.input) > 2 else None, axis, bias, dqb.input[1] if bias else None)
+
+
+def _qlinear_layer(node, inits) -> _Layer | None:
+    """QLinearConv(x, xs, xz, w, ws, wz, ys, yz[, B]): B's scale is xs·ws by definition."""
+    if len(node.input) < 8 or node.input[3] not in inits or _wide(node.input[2], inits) or _wide(node.input[7], inits):
+        return None
+    bias = node.input[8] if len(node.input) > 8 and node.input[8] in inits else None
+    return _Layer(_scalar(inits, node.input[1]), _scalar(inits, node.input[6]), node.input[3], node.input[4],
+                  node.input[5], 0, bias)
+
+
+def _qgemm_layer(node, inits) -> _Layer | None:
+    """QGemm(A, as, az, B, bs, bz, C, ys, yz) with alpha 1 and an int8 output: C's scale is as·bs."""
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    if len(node.input) < 9 or not node.input[7] or attrs.get("alpha", 1.0) != 1.0 or node.input[3] not in inits \
+            or _wide(node.input[2], inits) or _wide(node.input[8], inits):
+        return None
+    bias = node.input[6] if node.input[6] in inits else None
+    return _Layer(_scalar(inits, node.input[1]), _scalar(inits, node.input[7]), node.input[3], node.input[4],
+                  node.input[5], 0 if attrs.get("transB", 0) else 1, bias)
+
+
+def _rescale(layer: _Layer, inits, floats) -> bool:
+    xs, ys = layer.xs, layer.ys
+    if xs is None or ys is None or layer.ws not in inits:
         return False
-    xs, ys = _scalar(inits, dqx.input[1]), _scalar(inits, outs[0].input[1])
-    if xs is None or ys is None or dqw.input[1] not in inits or _wide(dqx, inits) or _wide(outs[0], inits):
-        return False            # int16 activations: ORT accumulates in float anyway (numerics.int16)
-    w_q = numpy_helper.to_array(inits[dqw.input[0]])
-    ws = numpy_helper.to_array(inits[dqw.input[1]]).astype(_F32)
-    zp = numpy_helper.to_array(inits[dqw.input[2]]) if len(dqw.input) > 2 and dqw.input[2] in inits else None
+    w_q = numpy_helper.to_array(inits[layer.w])
+    ws = numpy_helper.to_array(inits[layer.ws]).astype(_F32)
+    zp = numpy_helper.to_array(inits[layer.wz]) if layer.wz in inits else None
     if w_q.dtype != np.int8 or (zp is not None and np.any(zp != 0)):
         return False
     found = [exact_weight_scale(xs, s, ys) for s in ws.reshape(-1)]
     if all(v is None for v in found):
         return False
     new_ws = np.array([s if v is None else v for s, v in zip(ws.reshape(-1), found)], _F32).reshape(ws.shape)
-    axis = next((a.i for a in dqw.attribute if a.name == "axis"), 1) % w_q.ndim if ws.size > 1 else 0
     shape = [1] * w_q.ndim
     if ws.size > 1:
-        shape[axis] = ws.size
-    src = dqw.input[0]
-    base = src[:-len("_quantized")] if src.endswith("_quantized") else None
+        shape[layer.axis % w_q.ndim] = ws.size
+    base = layer.w[:-len("_quantized")] if layer.w.endswith("_quantized") else None
     if base in floats and numpy_helper.to_array(floats[base]).shape == w_q.shape:
         w = numpy_helper.to_array(floats[base]).astype(np.float64)
     else:
         w = w_q.astype(np.float64) * ws.reshape(shape)
     w_new = np.clip(np.rint(w / new_ws.reshape(shape).astype(np.float64)), -127, 127).astype(np.int8)
-    inits[src].CopyFrom(numpy_helper.from_array(w_new, src))
-    inits[dqw.input[1]].CopyFrom(numpy_helper.from_array(new_ws, dqw.input[1]))
-    if len(node.input) > 2 and node.input[2]:
-        _requantize_bias(producer.get(node.input[2]), inits, dq_scale(xs, new_ws.reshape(-1)))
+    inits[layer.w].CopyFrom(numpy_helper.from_array(w_new, layer.w))
+    inits[layer.ws].CopyFrom(numpy_helper.from_array(new_ws, layer.ws))
+    if layer.bias is not None:
+        old = inits[layer.bias_scale] if layer.bias_scale else None
+        _requantize_bias(inits, layer.bias, numpy_helper.to_array(old) if old is not None else
+                         dq_scale(xs, ws.reshape(-1)), dq_scale(xs, new_ws.reshape(-1)), layer.bias_scale)
     return True
 
 
-def _requantize_bias(dqb, inits, new_scale) -> None:
-    if dqb is None or dqb.op_type != "DequantizeLinear" or dqb.input[0] not in inits or dqb.input[1] not in inits:
-        return
-    b = numpy_helper.to_array(inits[dqb.input[0]])
-    old = numpy_helper.to_array(inits[dqb.input[1]])
+def _requantize_bias(inits, name, old, new_scale, scale_name=None) -> None:
+    """The int32 bias ``name`` (scale ``old``) re-quantized to ``new_scale``; ``scale_name``: the
+    initializer that holds its scale (QDQ), rewritten too."""
+    b = numpy_helper.to_array(inits[name])
+    old = np.asarray(old)
     if b.dtype != np.int32 or new_scale.size not in (1, b.size) or old.size != new_scale.size:
         return
     scale = new_scale.astype(_F32).reshape(old.shape)
     real = b.astype(np.float64) * old.astype(np.float64).reshape(-1)
     q = np.clip(np.rint(real / scale.astype(np.float64).reshape(-1)), -2 ** 31, 2 ** 31 - 1).astype(np.int32)
-    inits[dqb.input[0]].CopyFrom(numpy_helper.from_array(q, dqb.input[0]))
-    inits[dqb.input[1]].CopyFrom(numpy_helper.from_array(scale, dqb.input[1]))
+    inits[name].CopyFrom(numpy_helper.from_array(q, name))
+    if scale_name:
+        inits[scale_name].CopyFrom(numpy_helper.from_array(scale, scale_name))

@@ -54,7 +54,7 @@ class Recipe:
     # --- fp32 transforms that trade a little calibration work for accuracy
     equalize: str = "off"               # cross-layer equalization: off | bounded (ReLU6 pairs bounded) | skip (ReLU6 left)
     bias_correction: bool = False       # Conv/Gemm biases corrected for int8 weight rounding (calibration means)
-    exact_scales: bool = False          # QDQ: weight scales moved <= 5 % so ORT's float requant is exact (NSS == ORT)
+    exact_scales: bool = False          # weight scales moved <= 5 % so ORT's float requant is exact (NSS == ORT)
     weight_rounding: str = "nearest"    # nearest | gptq: int8 weights rounded for least layer-output error (QDQ)
     # --- what gets quantized, with ORT's names
     nodes_to_quantize: tuple = ()       # only these nodes (empty = all)
@@ -235,6 +235,17 @@ def load_fp32(model, where: str | None = None, input_shape=()) -> tuple[onnx.Mod
     return set_input_shapes(src, input_shape, where), where
 
 
+def source(recipe: Recipe, model, where: str | None = None) -> tuple[onnx.ModelProto, str]:
+    """The fp32 graph ``recipe`` quantizes (``load_fp32``; per-channel: at the per-axis opset, which
+    may rewrite ops, e.g. an opset-11 Softmax into Flatten -> Softmax -> Reshape): ``apply`` and
+    discover's layers start from it alike."""
+    src, where = load_fp32(model, where, recipe.input_shape)
+    if recipe.per_channel:
+        from ..graph.opset import PER_AXIS, at_least
+        src = at_least(src, PER_AXIS, f"{where}: --per-channel (per-axis DequantizeLinear)")
+    return src, where
+
+
 @contextmanager
 def _step(what: str, where: str):
     """One fp32 stage under a progress line; ORT failing on the user's model there (or the
@@ -296,10 +307,7 @@ def apply(recipe: Recipe, model, reader=None, *, where: str | None = None,
     float (a lone Relu, Flatten, ...) gets Q/DQ around its I/O instead of an error."""
     from . import memory_bound
     from .calibration import make_reader
-    src, where = load_fp32(model, where, recipe.input_shape)
-    if recipe.per_channel:
-        from ..graph.opset import PER_AXIS, at_least
-        src = at_least(src, PER_AXIS, f"{where}: --per-channel (per-axis DequantizeLinear)")
+    src, where = source(recipe, model, where)
     if reader is None:                           # (a caller's reader knows its own sizes)
         memory_bound.check(src, recipe.num_calib, where, "--num-calib")
     reader = reader if reader is not None else make_reader(src, recipe)
@@ -336,7 +344,7 @@ def quantize_prepared(recipe: Recipe, prepared: onnx.ModelProto, reader, *, wher
         hint = "; try --quant-format qdq" if recipe.format != "qdq" else " (ONNX Runtime has no int8 form for any of its ops)"
         raise TorqError(f"{where}: ONNX Runtime quantized nothing with --quant-format {recipe.format} "
                         f"(none of its ops has an int8 form in that format){hint}")
-    if recipe.exact_scales and fmt == "qdq":
+    if recipe.exact_scales:
         from .exact_scales import exact_scales
         with stage("quantize: exact scales"):
             q = exact_scales(q, prepared)
