@@ -7,7 +7,8 @@ are in `make test`).
 Models: the torq.zoo stand-ins (ResNet-18, MobileNetV2), every ``*.onnx`` in --zoo (``make zoo``
 exports the torchvision architectures there) and the benchmark models of ``make bench-models``
 (``build/bench-models``). Each is quantized (A8W8 QDQ full-integer, per-channel, 8 synthetic
-calibration samples), compiled, and run on --images random int8 images by both engines. Prints
+calibration samples; a model with ops that have no integer form -- LayerNorm, Softmax in ViT and
+ConvNeXt -- with those left float and run in bf16 on the NSS), compiled, and run on --images random int8 images by both engines. Prints
 per model: steps on native kernels / all steps, identical or not, and the time of each engine.
 """
 from __future__ import annotations
@@ -25,6 +26,7 @@ from torq import zoo
 from torq.runtime.nss import Simulator
 
 REPO = Path(__file__).resolve().parents[1]
+FLOAT_OPS = ("LayerNormalization", "Softmax")    # left float by ORT, then bf16 on the NSS (int8 + bf16 model)
 
 
 def models(zoo_dir: Path, bench_dir: Path):
@@ -43,6 +45,12 @@ def check(load, images: int) -> str:
     fp32, _ = zero_dead_channels(fold_fp32(load()))          # the front end `evaluate` uses
     q = torq.quantize(with_batch(fp32, 1), full_integer=True, per_channel=True, num_calib=8)
     c = torq.compile(q)
+    kept = [t for t in FLOAT_OPS if any(n.op_type == t for n in fp32.graph.node)]
+    if c.report.unsupported and kept:      # LayerNorm / Softmax: no integer form -> bf16 on the NSS
+        from torq.graph.bf16 import bf16_float_ops
+        q = bf16_float_ops(torq.quantize(with_batch(fp32, 1), full_integer=True, per_channel=True,
+                                         num_calib=8, op_types_to_exclude=kept))
+        c = torq.compile(q)
     if c.report.unsupported:
         return f"not compiled: {c.report.unsupported[0]}"
     prep = time.perf_counter() - t0
