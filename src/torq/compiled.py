@@ -32,14 +32,15 @@ class Compiled(CompiledModel):
         return self.program.fetch(self.simulator.run(self.program.feed(inputs), rounding))
 
 
-def compile(model, debug_ir=None, name: str | None = None) -> Compiled:  # noqa: A001
+def compile(model, debug_ir=None, name: str | None = None, bf16_islands: bool = True) -> Compiled:  # noqa: A001
     """Compile a quantized ONNX model for the NSS: ONNX -> torch-mlir -> linalg -> torq_hl -> Program.
 
     model: a path or an ``onnx.ModelProto`` (QDQ or QOperator int8, e.g. from ``torq.quantize``);
     debug_ir: a folder that receives ``<name>.<stage>.mlir`` for every stage; name: the model
     name used there (default: the file stem). Returns a ``Compiled``: ``.run({name: array},
     rounding="native"|"ort")`` simulates it, ``.ir(stage)`` prints a stage, ``.program`` is the
-    saveable Program, ``.report`` says what was lowered and why not. Bad input raises
-    ``TorqError`` with a one-line message."""
-    c = _compile_ir(model, debug_ir=debug_ir, name=name)
+    saveable Program, ``.report`` says what was lowered and why not. ``bf16_islands``: ops with
+    no integer form (Softmax, LayerNorm) run in bf16 between the Q/DQ fallbacks (``.islands``);
+    False refuses them. Bad input raises ``TorqError`` with a one-line message."""
+    c = _compile_ir(model, debug_ir=debug_ir, name=name, bf16_islands=bf16_islands)
     return Compiled(**{f.name: getattr(c, f.name) for f in fields(c)})

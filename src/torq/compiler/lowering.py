@@ -1,9 +1,11 @@
 """LinalgToTorqHL: rewrite every quantize-rooted chain with the first rule that matches.
 
 Rules are tried in order on each quantize generic (the end of a QDQ sandwich). What no rule
-takes falls back to the bf16 Quantize/Dequantize sequences; what is left after that (any op
-that is neither torq_hl nor data movement) is "not supported on NSS", with the reason the
-closest rule gave.
+takes falls back to the bf16 Quantize/Dequantize sequences. The float ops of an ONNX node with no
+integer form (``NO_INTEGER_FORM``: Softmax, LayerNorm) then sit between those fallbacks and lower
+by the float rules: a bf16 island, as the reference compiler runs them (seed §4.4.2). What is left
+after that (any op that is neither torq_hl nor data movement) is "not supported on NSS", with
+the reason the closest rule gave.
 """
 from __future__ import annotations
 
@@ -50,24 +52,30 @@ def dce(module) -> None:
 
 
 def lower(module, ort_zp_shift: int = 0, onnx_ops: dict | None = None, float_ops: bool = False,
-          onnx_names: dict | None = None) -> LoweringReport:
+          onnx_names: dict | None = None, islands: bool = True) -> LoweringReport:
     """Rewrite `module` (linalg-on-tensors) in place into torq_hl + data movement.
 
     ort_zp_shift: 128 when the ONNX model's uint8 activations were shifted to int8 (signedness).
     onnx_ops: "LINE:COL" -> ONNX op type, to know which ONNX Runtime kernel the reference runs;
     onnx_names: "LINE:COL" -> ONNX node name, to name the node an unsupported op comes from.
-    float_ops: a bf16 model: its float linalg ops become bf16 / f32 torq_hl ops (FLOAT_RULES)."""
+    float_ops: a bf16 model: its float linalg ops become bf16 / f32 torq_hl ops (FLOAT_RULES);
+    islands: in an int8 model, the float ops of the nodes without an integer form do (bf16 islands)."""
     from torch_mlir import ir
     with module.context, ir.Location.unknown():
-        return _lower(module, Ctx(module, ort_zp_shift, onnx_ops, onnx_names), float_ops)
+        ctx = Ctx(module, ort_zp_shift, onnx_ops, onnx_names)
+        ctx.islands = None if float_ops else islands
+        return _lower(module, ctx, float_ops)
 
 
-def _lower_float(ctx: Ctx, module) -> None:
+def _lower_float(ctx: Ctx, module, only=None) -> None:
     """The float rules, op by op in order: a named contraction / pool (which may fold the truncf
-    and clamp after it), else a float linalg.generic (elementwise or reduction)."""
+    and clamp after it), else a float linalg.generic (elementwise or reduction). ``only``: a
+    predicate on the ops to take (the island ops of an int8 model), else all."""
     for op in func_ops(module):
         if not op.results or all(next(iter(r.uses), None) is None for r in op.results):
             continue            # folded into an earlier op (or dead)
+        if only is not None and not only(op):
+            continue
         if op.name in float_contract.NAMED:
             m = float_contract.NAMED[op.name](ctx, op)
             if not isinstance(m, Fail):
@@ -81,10 +89,12 @@ def _lower_float(ctx: Ctx, module) -> None:
                 _replace(ctx, *m)
 
 
-def _materialize_float_constants(ctx: Ctx, module) -> None:
+def _materialize_float_constants(ctx: Ctx, module, only=None) -> None:
     """A float generic computed from constants only that is still read becomes its value."""
     from torch_mlir import ir
     for op in func_ops(module):
+        if only is not None and not only(op):
+            continue
         if not float_elementwise.is_float_generic(op) or len(op.results) != 1 \
                 or L.element_type(op.results[0]) not in float_elementwise.FLOAT:
             continue
@@ -128,12 +138,13 @@ def _lower(module, ctx: Ctx, float_ops: bool = False) -> LoweringReport:
             except ValueError as e:     # e.g. a per-channel dequantize feeding an unlowered op
                 ctx.fail(op, f"standalone DequantizeLinear: {e}")
     dce(module)
-    if float_ops:
+    only = (lambda op: ctx.onnx_op(op) in NO_INTEGER_FORM) if ctx.islands else None
+    if float_ops or only is not None:
         ctx.erased()
-        _lower_float(ctx, module)
+        _lower_float(ctx, module, only)
         dce(module)
         ctx.erased()
-        _materialize_float_constants(ctx, module)
+        _materialize_float_constants(ctx, module, only)
         dce(module)
     return report(module, ctx)
 

@@ -29,6 +29,7 @@ from .frontend import signedness
 from .frontend.canonicalize import canonicalize
 from .frontend.fold_shapes import fold_shape_arithmetic, slice_constant_gathers
 from .emit import emit_program
+from .islands import find_islands
 
 STAGES = ("torch_onnx", "torch", "linalg", "torq_hl")
 
@@ -42,6 +43,7 @@ class CompiledModel:
     report: lowering.LoweringReport
     operator_locations: list               # [(onnx op type, "LINE:COL")] of the torch_onnx text
     timings: dict[str, float] = field(default_factory=dict)
+    islands: list = field(default_factory=list)        # [islands.Island]: ops run in bf16 (no integer form)
     uint8_inputs: list = field(default_factory=list)   # shifted to int8 at the boundary
     uint8_outputs: list = field(default_factory=list)
     _program: Program | None = None
@@ -119,11 +121,13 @@ def front_end(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str], list[
     return signedness.to_int8(import_graph(model))
 
 
-def compile(model, debug_ir: str | os.PathLike | None = None, name: str | None = None) -> CompiledModel:  # noqa: A001
+def compile(model, debug_ir: str | os.PathLike | None = None, name: str | None = None,  # noqa: A001
+            bf16_islands: bool = True) -> CompiledModel:
     """Compile a quantized ONNX model (path or ModelProto) to torq_hl.
 
     debug_ir: a folder that receives <name>.<stage>.mlir for every stage (``name`` sanitised:
-    a model's names never choose where files go)."""
+    a model's names never choose where files go); bf16_islands: ops without an integer form
+    (Softmax, LayerNorm) run on the NSS in bf16 between the Q/DQ fallbacks (False: refused)."""
     t0 = time.perf_counter()
     if name is None:
         name = Path(model).stem if isinstance(model, (str, os.PathLike)) else (model.graph.name or "model")
@@ -147,7 +151,8 @@ def compile(model, debug_ir: str | os.PathLike | None = None, name: str | None =
     onnx_ops = {loc: op for op, loc in imported.operator_locations}
     with torq_hl.recording() as recorded:
         report = lowering.lower(module, ort_zp_shift=numerics.UINT8_SHIFT if shifted else 0, onnx_ops=onnx_ops,
-                                float_ops=is_bf16(model), onnx_names=_node_names(model, imported.operator_locations))
+                                float_ops=is_bf16(model), onnx_names=_node_names(model, imported.operator_locations),
+                                islands=bf16_islands)
     try:
         module.operation.verify()      # the torq_hl dialect is IRDL-registered: attributes are checked
     except Exception as e:  # noqa: BLE001 - an invalid module is a compiler bug, say where
@@ -162,9 +167,10 @@ def compile(model, debug_ir: str | os.PathLike | None = None, name: str | None =
     except TorqError as e:
         why = str(e)
     t4 = time.perf_counter()
+    found = find_islands(program, model, imported.operator_locations, report.islands) if program else []
     compiled = CompiledModel(original, ins, outs, stages, report, imported.operator_locations,
                              {"import_s": t1 - t0, "linalg_s": t2 - t1, "torq_hl_s": t3 - t2, "program_s": t4 - t3},
-                             u8_in, u8_out, program, why)
+                             found, u8_in, u8_out, program, why)
     if debug_ir is not None:
         write_stages(stages, debug_ir, name)
     return compiled

@@ -16,7 +16,8 @@ from . import linalg_view as L
 QDQ = ("QuantizeLinear", "DequantizeLinear")
 
 # ONNX ops ORT runs in float between DQ and Q whose result is no function of one int8 value, a
-# per-channel affine or an integer accumulation: no exact integer form, so CSS/HOST run them.
+# per-channel affine or an integer accumulation: no exact integer form. The NSS runs them as bf16
+# islands (lowering.py) unless islands are off; then these texts say why they stay off the NSS.
 NO_INTEGER_FORM = {
     "LayerNormalization": "LayerNorm divides by the square root of a per-position variance over the "
                           "channels (a float reduction of the activations): no exact integer form on the NSS",
@@ -53,6 +54,17 @@ class Unsupported:
 class LoweringReport:
     lowered: dict = field(default_factory=dict)        # torq_hl op name -> count
     unsupported: list = field(default_factory=list)    # [Unsupported], causes first
+    islands: dict = field(default_factory=dict)        # LINE:COL -> ONNX op lowered as a bf16 island
+
+    def islands_line(self) -> str:
+        """"2 ops in bf16 (no integer form): Softmax ×1, LayerNormalization ×1" ('' without islands)."""
+        if not self.islands:
+            return ""
+        counts: dict = {}
+        for op in self.islands.values():
+            counts[op] = counts.get(op, 0) + 1
+        return f"{len(self.islands)} op{'s' * (len(self.islands) > 1)} in bf16 (no integer form): " + \
+            ", ".join(f"{k} ×{v}" for k, v in sorted(counts.items()))
 
 
 def summary(unsupported: list) -> str:
@@ -85,6 +97,10 @@ def collect(ops, ctx, runs_on_nss) -> LoweringReport:
     for u in rep.unsupported:
         u.consequence |= cause.get(u.location) is not u
     rep.unsupported.sort(key=Unsupported.rank)
+    if ctx is not None and ctx.islands:
+        off = {u.location for u in rep.unsupported}
+        rep.islands = {loc: ctx.onnx_ops[loc] for op in ops if op.name.startswith("torq_hl.")
+                       for loc in [L.location_key(op)] if ctx.onnx_ops.get(loc) in NO_INTEGER_FORM and loc not in off}
     return rep
 
 
@@ -92,8 +108,11 @@ def _unsupported(ctx, op) -> Unsupported:
     stated = ctx.reason(op) if ctx else None
     why = stated or _default_reason(op.name)
     onnx_op = ctx.onnx_op(op) if ctx else ""
-    if onnx_op in NO_INTEGER_FORM:
-        why = NO_INTEGER_FORM[onnx_op]
+    islands = getattr(ctx, "islands", False)   # None: a bf16 model (its float ops are no islands)
+    if onnx_op in NO_INTEGER_FORM and islands:
+        why = f"bf16 island: {why}"           # the float rule's reason: the root cause
+    elif onnx_op in NO_INTEGER_FORM and islands is False:
+        why = NO_INTEGER_FORM[onnx_op] + " (bf16 islands are off)"
     elif ctx and onnx_op in QDQ:
         why = _constant_for(ctx, op) or why
     node = ctx.onnx_name(op) if ctx else ""

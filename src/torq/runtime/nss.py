@@ -94,13 +94,17 @@ class Simulator:
         return _Kernel(fn, st, rtype, getattr(fn, "check", None))
 
     def run(self, inputs: list[np.ndarray], rounding: str = "native", explain: bool = False,
-            threads: int | None = None, ort_at: dict | None = None):
+            threads: int | None = None, ort_at: dict | None = None, force: dict | None = None,
+            watch: dict | None = None):
         """Execute; with explain=True also return the per-op check of every rescaling op: the output
         it executed against the plain formula of the mode, and native vs ORT rounding on the very
         same inputs ([OpDiff]). Checks cost a second evaluation of each rescaling op.
 
         ``ort_at``: {slot: ONNX Runtime's own value of that slot}; a checked op writing such a slot
-        is compared with it instead of the ``ort`` mode's formula (e.g. the graph outputs)."""
+        is compared with it instead of the ``ort`` mode's formula (e.g. the graph outputs).
+        ``force``: {slot: value} written over what the step computed there, before any later step
+        reads it (``verify`` hands ORT's result of a bf16 island on to the int8 ops after it);
+        ``watch``: a dict whose slots receive the values computed there."""
         if rounding not in ROUNDING_MODES:
             raise TorqError(f"--rounding must be one of {', '.join(ROUNDING_MODES)}, not {rounding!r}")
         p = self.program
@@ -113,14 +117,14 @@ class Simulator:
             env[s] = v
         n = threads or usable_cores()
         native_ops.set_threads(n)
-        key = None if explain or self.engine != "native" else native_plan.key(inputs, rounding)
+        key = None if explain or force or watch is not None or self.engine != "native" else native_plan.key(inputs, rounding)
         with single_thread_run():        # small GEMMs on one BLAS thread, switched once per run
-            diffs = self._execute(env, rounding, n, key, explain, ort_at)
+            diffs = self._execute(env, rounding, n, key, explain, ort_at, (force or {}, watch))
         # copies: a native step's output buffer is reused by the next run (runtime.native.ops)
         outs = [np.array(env[o.slot], dtype=np_dtype(o.dtype), copy=True) for o in p.outputs]
         return (outs, diffs) if explain else outs
 
-    def _execute(self, env: list, rounding: str, threads: int, key, explain: bool, ort_at) -> list:
+    def _execute(self, env: list, rounding: str, threads: int, key, explain: bool, ort_at, taps=({}, None)) -> list:
         """Every step on env: replayed from the plan recorded for ``key`` when there is one
         (``runtime.native.plan``), else step by step, recording that plan (key None: no plan).
         Returns the per-op checks of an explain run."""
@@ -136,6 +140,11 @@ class Simulator:
             for i in range(len(self.kernels)):
                 first = len(rec.calls) if rec is not None else 0
                 args, out = self._step(i, env, rounding, explain, ort_at, diffs)
+                force, watch, slot = *taps, self.kernels[i].step.out
+                if watch is not None and slot in watch:
+                    watch[slot] = np.array(out, copy=True)
+                if slot in force:
+                    env[slot] = np.asarray(force[slot], dtype=np.asarray(out).dtype).reshape(np.shape(out))
                 if rec is not None:
                     rec.step(i, first, args, out, native_ops.persistent)
         if rec is not None:

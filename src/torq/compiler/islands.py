@@ -1,0 +1,74 @@
+"""Where the bf16 islands of a compiled int8 model meet the int8 parts, in Program slots and
+ONNX tensor names.
+
+An island (an op without an integer form, lowered between the bf16 Dequantize and Quantize
+fallbacks) reads int8 tensors through DequantizeLinear and writes int8 tensors through
+QuantizeLinear. Those int8 tensors exist in ONNX Runtime's run of the same model too, so
+`verify` can compare the island's result with ORT's where it is made (the island's own
+tolerance), and hand ORT's value on to the int8 ops after it (which stay bit-exact).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+#: ONNX ops that only move data: an island may read its DQ / feed its Q through them.
+_MOVES = {"Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "Identity"}
+
+
+@dataclass
+class Island:
+    onnx_op: str                                   # "Softmax", "LayerNormalization"
+    node: str                                      # the ONNX node's name (its first output when unnamed)
+    location: str                                  # its LINE:COL
+    inputs: list = field(default_factory=list)     # [(slot, ONNX name)] of the int8 tensors its DQs read
+    outputs: list = field(default_factory=list)    # [(slot, ONNX name)] of the int8 tensors its Qs write
+
+
+def find_islands(program, model, operator_locations, islands: dict) -> list[Island]:
+    """The `Island` of each LINE:COL of ``islands`` ({LINE:COL: ONNX op}, the lowering report's)
+    in ``program``, compiled from ``model`` (the front end's graph: its k-th non-Constant node is
+    the k-th of ``operator_locations``)."""
+    nodes = [n for n in model.graph.node if n.op_type != "Constant"]
+    if not islands or len(nodes) != len(operator_locations):
+        return []
+    loc_of = {id(n): loc for n, (_, loc) in zip(nodes, operator_locations)}
+    producer = {o: n for n in nodes for o in n.output}
+    readers: dict = {}
+    for n in nodes:
+        for i in n.input:
+            readers.setdefault(i, []).append(n)
+    steps: dict = {}
+    for st in program.steps:
+        steps.setdefault(st.location, []).append(st)
+    found = []
+    for n, (_, loc) in zip(nodes, operator_locations):
+        if loc not in islands:
+            continue
+        isl = Island(islands[loc], n.name or (n.output[0] if n.output else ""), loc)
+        for dq in _ends(n.input, lambda t: [producer[t]] if t in producer else [], "DequantizeLinear"):
+            first = steps.get(loc_of[id(dq)], [None])[0]
+            if first is not None and first.op == "torq_hl.fma":          # the fallback's q - zp
+                isl.inputs.append((first.args[0], dq.input[0]))
+        for q in _ends(n.output, lambda t: readers.get(t, []), "QuantizeLinear"):
+            last = steps.get(loc_of[id(q)], [None])[-1]
+            if last is not None and last.op == "torq_hl.fma":            # the fallback's clamp
+                isl.outputs.append((last.out, q.output[0]))
+        found.append(isl)
+    return found
+
+
+def _ends(tensors, step, kind: str) -> list:
+    """The ``kind`` nodes reached from ``tensors`` (``step``: a tensor's producer or readers)
+    through data-movement nodes only."""
+    out, todo, seen = [], list(tensors), set()
+    while todo:
+        t = todo.pop()
+        if not t or t in seen:
+            continue
+        seen.add(t)
+        for m in step(t):
+            if m.op_type == kind:
+                out.append(m)
+            elif m.op_type in _MOVES:
+                todo.extend(m.output[:1] if kind == "QuantizeLinear" else m.input[:1])
+    return out
