@@ -22,6 +22,7 @@ class Island:
     location: str                                  # its LINE:COL
     inputs: list = field(default_factory=list)     # [(slot, ONNX name)] of the int8 tensors its DQs read
     outputs: list = field(default_factory=list)    # [(slot, ONNX name)] of the int8 tensors its Qs write
+    zero_points: dict = field(default_factory=dict)  # output slot -> its Q's zero point (int8 domain)
 
 
 def find_islands(program, model, operator_locations, islands: dict) -> list[Island]:
@@ -53,8 +54,17 @@ def find_islands(program, model, operator_locations, islands: dict) -> list[Isla
             last = steps.get(loc_of[id(q)], [None])[-1]
             if last is not None and last.op == "torq_hl.fma":            # the fallback's clamp
                 isl.outputs.append((last.out, q.output[0]))
+                isl.zero_points[last.out] = _zero_point(model, q)
         found.append(isl)
     return found
+
+
+def _zero_point(model, q) -> int:
+    from onnx import numpy_helper
+    inits = {t.name: t for t in model.graph.initializer}
+    if len(q.input) < 3 or q.input[2] not in inits:
+        return 0
+    return int(numpy_helper.to_array(inits[q.input[2]]).reshape(-1)[0])
 
 
 def _ends(tensors, step, kind: str) -> list:

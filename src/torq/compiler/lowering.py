@@ -138,7 +138,7 @@ def _lower(module, ctx: Ctx, float_ops: bool = False) -> LoweringReport:
             except ValueError as e:     # e.g. a per-channel dequantize feeding an unlowered op
                 ctx.fail(op, f"standalone DequantizeLinear: {e}")
     dce(module)
-    only = (lambda op: ctx.onnx_op(op) in NO_INTEGER_FORM) if ctx.islands else None
+    only = (lambda op: _in_island(ctx, op)) if ctx.islands else None
     if float_ops or only is not None:
         ctx.erased()
         _lower_float(ctx, module, only)
@@ -147,6 +147,16 @@ def _lower(module, ctx: Ctx, float_ops: bool = False) -> LoweringReport:
         _materialize_float_constants(ctx, module, only)
         dce(module)
     return report(module, ctx)
+
+
+def _in_island(ctx: Ctx, op) -> bool:
+    """An op of a node without an integer form, or a DequantizeLinear of a constant only such
+    ops read (LayerNorm's int8 scale: the island takes its exact float value)."""
+    if ctx.onnx_op(op) in NO_INTEGER_FORM:
+        return True
+    readers = [u.owner for r in op.results for u in r.uses]
+    return ctx.onnx_op(op) == "DequantizeLinear" and bool(readers) and all(
+        ctx.onnx_op(u) in NO_INTEGER_FORM for u in readers)
 
 
 def _materialize_constants(ctx: Ctx, module) -> None:

@@ -35,10 +35,11 @@ def _int_range(dtype: str) -> tuple[int, int]:
     return int(info.min), int(info.max)
 
 
-def explain(model, inputs: dict, ours: dict) -> dict | None:
+def explain(model, inputs: dict, ours: dict, int_tol: int = INT_TOL) -> dict | None:
     """``{"max_lsb": ..., "explained": text}`` when every difference of ``ours`` (the NPU's outputs
     of the quantized layer ``model`` on ``inputs``) is bf16 edge rounding plus ±1 LSB of the core;
-    None when the layer has no float edge or some element is beyond that."""
+    None when the layer has no float edge or some element is beyond that. ``int_tol``: what the
+    core may differ by (±1 LSB; a bf16 island's tolerance when the layer has one)."""
     from .. import reference
     from ..graph.io_quant import io_quant_params
     from ..quantize.full_integer import convert_to_full_integer
@@ -72,8 +73,8 @@ def explain(model, inputs: dict, ours: dict) -> dict | None:
         if name not in ours:
             return None
         p = io["outputs"].get(name)
-        lsb = _output_lsb(ours[name], r, p)
-        if lsb is None or lsb > INT_TOL:
+        lsb = _output_lsb(ours[name], r, p, int_tol)
+        if lsb is None or lsb > int_tol:
             return None
         worst = max(worst, lsb)
     return {"core_lsb": worst, "input_lsb": in_lsb,
@@ -82,9 +83,9 @@ def explain(model, inputs: dict, ours: dict) -> dict | None:
                          f"Dequantize of an int8 value within ±{worst} LSB of ONNX Runtime's integer core fed them"}
 
 
-def _output_lsb(ours, ref_q, p) -> int | None:
+def _output_lsb(ours, ref_q, p, tol: int = INT_TOL) -> int | None:
     """Integer output: largest |Δ|. Float output: the smallest k such that every element equals the
-    Dequantize fallback of some q with |q - ref_q| <= k (k <= INT_TOL), else None."""
+    Dequantize fallback of some q with |q - ref_q| <= k (k <= tol), else None."""
     if p is None:
         if not np.issubdtype(np.asarray(ours).dtype, np.integer):
             return None
@@ -95,11 +96,11 @@ def _output_lsb(ours, ref_q, p) -> int | None:
     q = np.asarray(ref_q, np.int64)
     if o.shape != q.shape:
         return None
-    allowed = INT_TOL * abs(s) + numerics.dequantize_fallback_bound(np.abs(q - zp) + INT_TOL, s)
+    allowed = tol * abs(s) + numerics.dequantize_fallback_bound(np.abs(q - zp) + tol, s)
     if (np.abs(o.astype(np.float64) - numerics.dequantize_ort(q, s, zp)) > allowed).any():
         return None                       # beyond what the bf16 Dequantize can move a ±1 LSB value
     matched = np.zeros(o.shape, bool)
-    for k in range(INT_TOL + 1):
+    for k in range(tol + 1):
         for cand in (q - k, q + k):
             matched |= numerics.dequantize_fallback(np.clip(cand, lo, hi), s, zp) == o
         if matched.all():
