@@ -93,6 +93,20 @@ def test_unsupported_op_is_named_with_its_location(tmp_path):
     m = model([helper.make_node("Softmax", ["x"], ["y"], axis=1)], [("x", [1, 10])], ["y"], {})
     p = tmp_path / "softmax.int8.onnx"
     onnx.save(quantize(m, {"x": [1, 10]}), p)
-    r = run(p, "--verify-against-ort")
+    r = run(p, "--verify-against-ort", "--no-bf16-islands")
     line = one_line_error(r, "not supported on NSS:")
     assert __import__("re").search(r" at \d+:\d+: ", line), line
+    assert line.endswith("(bf16 islands are off)"), line
+
+
+def test_an_op_without_integer_form_runs_as_a_bf16_island(tmp_path):
+    """By default the same Softmax runs on the NSS in bf16: said in the summary, verified within
+    its stated tolerance."""
+    m = model([helper.make_node("Softmax", ["x"], ["y"], axis=1)], [("x", [1, 10])], ["y"], {})
+    p = tmp_path / "softmax.int8.onnx"
+    onnx.save(quantize(m, {"x": [1, 10]}), p)
+    r = run(p, "--verify-against-ort")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "1 op in bf16 (no integer form): Softmax ×1" in r.stdout and "bf16 island Softmax" in r.stdout
+    r = run(p, "-o", tmp_path / "s.mlir")
+    assert r.returncode == 0 and "torq-compile: 1 op in bf16 (no integer form): Softmax ×1" in r.stderr

@@ -1,0 +1,92 @@
+"""Property tests: the bf16 Quantize / Dequantize fallback lowerings (the joins of a bf16 island) over
+random scales, zero points and shapes. ``native`` against a plain model of the seed's steps written
+here with ml_dtypes' bfloat16 (not torq.numerics); ``ort`` bit-exact against ONNX Runtime."""
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from onnx import TensorProto, helper, numpy_helper
+
+import torq
+from qmodels import run as ort_run
+
+SETTINGS = settings(max_examples=25, deadline=None, derandomize=True,
+                    suppress_health_check=[HealthCheck.too_slow])
+SHAPES = st.lists(st.integers(1, 5), min_size=1, max_size=4)
+SCALES = st.floats(-12, 3).map(lambda e: float(np.float32(2.0 ** e * 1.37)))
+DTYPES = st.sampled_from([(TensorProto.INT8, np.int8), (TensorProto.UINT8, np.uint8)])
+
+
+def bf16(x):
+    """Round to bfloat16 (nearest, ties to even) by ml_dtypes, back to float32."""
+    return np.asarray(x, np.float32).astype(ml_dtypes.bfloat16).astype(np.float32)
+
+
+def quantize_model_of_the_steps(x, scale, zp, lo, hi, shift=0):
+    """act f2f (bf16), mul (x * bf16(1/scale), then + bf16(zp), each rounded to bf16), act f2i (to
+    nearest even), fma clamp. ``shift``: uint8 is computed as int8 (zero point and range - 128)."""
+    factor = bf16(np.float32(1.0) / np.float32(scale))
+    p = bf16(bf16(x) * factor)
+    a = bf16(p + bf16(np.float32(zp - shift)))
+    return np.clip(np.rint(a.astype(np.float64)), lo - shift, hi - shift).astype(np.int64) + shift
+
+
+def dequantize_model_of_the_steps(q, scale, zp):
+    """fma q - zp (integer), act i2f (exact), mul by bf16(scale) rounded to bf16, act f2f (exact)."""
+    d = (q.astype(np.int64) - zp).astype(np.float32)
+    return bf16(d * bf16(np.float32(scale)))
+
+
+def one_node(op, x_type, y_type, shape, scale, zp, zp_type):
+    inits = [numpy_helper.from_array(np.asarray(scale, np.float32), "s"),
+             helper.make_tensor("z", zp_type, [], [int(zp)])]
+    g = helper.make_graph([helper.make_node(op, ["x", "s", "z"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", x_type, shape)],
+                          [helper.make_tensor_value_info("y", y_type, shape)], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m
+
+
+@SETTINGS
+@given(shape=SHAPES, scale=SCALES, dtype=DTYPES, data=st.data())
+def test_quantize_fallback(shape, scale, dtype, data):
+    onnx_t, np_t = dtype
+    info = np.iinfo(np_t)
+    zp = data.draw(st.integers(int(info.min), int(info.max)))
+    m = one_node("QuantizeLinear", TensorProto.FLOAT, onnx_t, shape, scale, zp, onnx_t)
+    c = torq.compile(m)
+    assert {s.op for s in c.program.steps} >= {"torq_hl.act", "torq_hl.mul", "torq_hl.fma"}
+    rng = np.random.default_rng(data.draw(st.integers(0, 2 ** 16)))
+    x = (rng.uniform(-1.5, 1.5, shape) * scale * 256).astype(np.float32)
+    x.reshape(-1)[0] = np.float32(scale) * np.float32(2.5)        # a tie for ORT's rounding
+    expect = quantize_model_of_the_steps(x, scale, zp, int(info.min), int(info.max), 128 if np_t == np.uint8 else 0)
+    assert np.array_equal(c.run({"x": x}, "native")["y"].astype(np.int64), expect)
+    assert np.array_equal(c.run({"x": x}, "ort")["y"], ort_run(m, {"x": x})["y"])
+
+
+@SETTINGS
+@given(shape=SHAPES, scale=SCALES, dtype=DTYPES, data=st.data())
+def test_dequantize_fallback(shape, scale, dtype, data):
+    onnx_t, np_t = dtype
+    info = np.iinfo(np_t)
+    zp = data.draw(st.integers(int(info.min), int(info.max)))
+    m = one_node("DequantizeLinear", onnx_t, TensorProto.FLOAT, shape, scale, zp, onnx_t)
+    c = torq.compile(m)
+    rng = np.random.default_rng(data.draw(st.integers(0, 2 ** 16)))
+    q = rng.integers(int(info.min), int(info.max) + 1, shape).astype(np_t)
+    got = c.run({"x": q}, "native")["y"]
+    assert np.array_equal(got.view(np.int32), dequantize_model_of_the_steps(q, scale, zp).view(np.int32))
+    assert np.array_equal(c.run({"x": q}, "ort")["y"].view(np.int32), ort_run(m, {"x": q})["y"].view(np.int32))
+
+
+def test_the_model_here_catches_a_skipped_rounding():
+    """The injected fault: a Quantize whose product is not rounded to bf16 differs from the model."""
+    x = np.linspace(-3, 3, 4001, dtype=np.float32)
+    right = quantize_model_of_the_steps(x, 0.013, 3, -128, 127)
+    factor = bf16(np.float32(1.0) / np.float32(0.013))
+    skipped = np.clip(np.rint(bf16(bf16(x) * factor + np.float32(3)).astype(np.float64)), -128, 127)
+    assert not np.array_equal(right, skipped)
+    assert np.array_equal(right, torq.numerics.quantize_fallback(x, 0.013, 3, -128, 127))
