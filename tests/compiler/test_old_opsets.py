@@ -1,5 +1,5 @@
 """Models below the opset torch-mlir's importer knows an op from (a Paddle export at opset 11) are
-converted up before import: MaxPool lowers, Softmax is refused with its reason (not an import failure)."""
+converted up before import: MaxPool lowers, Softmax runs as a bf16 island (not an import failure)."""
 from __future__ import annotations
 
 import numpy as np
@@ -28,7 +28,10 @@ def test_opset11_maxpool_lowers_bit_exact():
     assert verify(c, seed=0, modes=("ort",)).ok
 
 
-def test_opset11_softmax_is_refused_with_its_reason():
+def test_opset11_softmax_runs_as_a_bf16_island():
     q = torq.quantize(conv_then("Softmax", axis=1), num_calib=2)
-    causes = [u for u in torq.compile(q).report.unsupported if not u.consequence]
+    c = torq.compile(q)
+    assert c.report.unsupported == [] and c.report.islands_line() == "1 op in bf16 (no integer form): Softmax ×1"
+    assert verify(c, seed=0).ok
+    causes = [u for u in torq.compile(q, bf16_islands=False).report.unsupported if not u.consequence]
     assert [u.onnx_op for u in causes] == ["Softmax"] and "no exact integer form" in causes[0].why

@@ -48,8 +48,9 @@ def _paddle_classifier():
 
 def test_per_channel_discover_cuts_layers_from_the_graph_quantize_makes(tmp_path):
     """Per-channel lifts an opset-11 model to opset 13 before anything else; discover's layers (and
-    run's map) are cut from that same graph, so the Softmax discover sends to the CSS is the one the
-    whole-model compile of ``quantize``'s output refuses (PP-OCR's cls: they were 2 lines apart)."""
+    run's map) are cut from that same graph, so the Softmax discover runs on the NSS (a bf16 island)
+    is the one the whole-model compile of ``quantize``'s output lowers -- and refuses, islands off, at
+    the same LINE:COL (PP-OCR's cls: they were 2 lines apart)."""
     import torq
     from torq.gen_config.agreement import disagreements, whole_model_refusals
     fp32 = tmp_path / "paddle.onnx"
@@ -58,8 +59,11 @@ def test_per_channel_discover_cuts_layers_from_the_graph_quantize_makes(tmp_path
     assert cli(["quantize", *common, "-o", str(tmp_path / "q.onnx")]) == 0
     assert cli(["discover", *common, "--output-dir", str(tmp_path), "--quantize", "--skip-mode"]) == 0
     report = json.loads((tmp_path / "torq_gen_config_paddle.json").read_text())
-    assert [op["recommended_executor"] for lid, op in report["ops"].items() if lid.startswith("Softmax")] == ["css"]
-    refused = whole_model_refusals(torq.compile(onnx.load(tmp_path / "q.onnx")).report)
-    assert [u.onnx_op for u in refused.values()] == ["Softmax"]
-    assert disagreements(report, refused) == []
+    softmax = [op for lid, op in report["ops"].items() if lid.startswith("Softmax")]
+    assert [op["recommended_executor"] for op in softmax] == ["nss"]
+    q = onnx.load(tmp_path / "q.onnx")
+    refused = whole_model_refusals(torq.compile(q).report)
+    assert refused == {} and disagreements(report, refused) == []
+    off = whole_model_refusals(torq.compile(q, bf16_islands=False).report)
+    assert [u.onnx_op for u in off.values()] == ["Softmax"] and list(off) == [softmax[0]["mlir_location"]]
     assert cli(["run", *common, "--output-dir", str(tmp_path), "--quantize"]) == 0

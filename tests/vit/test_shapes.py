@@ -15,6 +15,7 @@ from compiler.test_lowering_props import SETTINGS, check_compiled
 from qmodels import conv_relu_pool_model, model, quantize, run
 from torq import compile as torq_compile
 from torq.compiler.lowering import NO_INTEGER_FORM
+from torq.verify import verify
 from torq.compiler.frontend.fold_shapes import fold_shape_arithmetic, slice_constant_gathers
 from vit.attention import encoder_block
 
@@ -69,13 +70,25 @@ def test_encoder_block_without_softmax_and_layernorm_lowers_whole_and_exact(fmt,
 
 
 @pytest.mark.parametrize("fmt", ["qdq", "qoperator"])
-def test_encoder_block_is_unsupported_only_where_no_integer_form_exists(fmt):
-    """With LayerNorm and Softmax: a clean reason for each of them (and LayerNorm's constants),
-    nothing else off the NSS, no internal error."""
+def test_encoder_block_runs_whole_with_layernorm_and_softmax_as_bf16_islands(fmt):
+    """LayerNorm and Softmax (no exact integer form) run in bf16 between the Q/DQ fallbacks: the
+    whole block on the NSS, each island within its tolerance, every int8 op bit-exact (ort)."""
     q = quantize(encoder_block(), {"x": [1, 5, 8]}, fmt, False, "s8")
     c = torq_compile(q)
+    assert c.report.unsupported == [], [str(u) for u in c.report.unsupported]
+    assert c.report.islands_line() == "3 ops in bf16 (no integer form): LayerNormalization ×2, Softmax ×1"
+    r = verify(c, seed=0)
+    assert r.ok and len(r.islands) == 6 and c.report.lowered.get("matmul") == 2
+
+
+@pytest.mark.parametrize("fmt", ["qdq", "qoperator"])
+def test_encoder_block_without_islands_is_unsupported_only_where_no_integer_form_exists(fmt):
+    """Islands off: a clean reason for LayerNorm and Softmax (and LayerNorm's constants), nothing
+    else off the NSS, no internal error."""
+    q = quantize(encoder_block(), {"x": [1, 5, 8]}, fmt, False, "s8")
+    c = torq_compile(q, bf16_islands=False)
     reasons = {u.reason for u in c.report.unsupported}
-    expected = {f"{op}: {why}" for op, why in NO_INTEGER_FORM.items()}
+    expected = {f"{op}: {why} (bf16 islands are off)" for op, why in NO_INTEGER_FORM.items()}
     ln_constant = ("DequantizeLinear: a constant (weight or bias) read only by LayerNormalization, which runs "
                    f"off the NSS ({NO_INTEGER_FORM['LayerNormalization']})")
     assert reasons - expected <= {ln_constant}, reasons
