@@ -111,3 +111,15 @@ def test_a_wrong_int8_op_still_fails_verify_with_islands(kind):
     c._simulator = None
     r = verify(c, seed=0, modes=("ort",))
     assert not r.ok and not all(o.exact for o in r.handed_on)
+
+
+@pytest.mark.parametrize("op,attrs", [("LogSoftmax", {"axis": 1}), ("LpNormalization", {"axis": 1, "p": 2}),
+                                      ("ReduceL2", {"keepdims": 1})])
+def test_other_float_reductions_are_islands_too(op, attrs):
+    """What ORT leaves float between a DQ and a Q and int8 has no form for: a row's log-sum-exp, a
+    norm (square root of a sum of squares)."""
+    m = model([helper.make_node("Conv", ["x", "w"], ["c"]), helper.make_node(op, ["c"], ["y"], **attrs)],
+              [("x", [1, 4, 4, 4])], ["y"], [weight("w", (6, 4, 1, 1), 4, 0.5)])
+    c = torq.compile(quantize(m, {"x": [1, 4, 4, 4]}, full_integer=False))
+    assert c.report.unsupported == [] and c.report.islands_line() == f"1 op in bf16 (no integer form): {op} ×1"
+    assert verify(c, seed=2).ok

@@ -2,8 +2,8 @@
 
 One model whose tensor names are hostile: rich markup (``[/]``), non-ASCII names that sanitise
 alike (``α``, ``β``), a quote and 300 characters. Discover must test every layer truly (CSS and
-HOST succeed on the Softmax layers), write one distinct repro bundle and IR set per layer inside
-the chosen folders, and view / view --html must show the names as text.
+HOST succeed on the Hardmax layers, which have no NSS pattern), write one distinct repro bundle and
+IR set per layer inside the chosen folders, and view / view --html must show the names as text.
 """
 from __future__ import annotations
 
@@ -30,9 +30,9 @@ def cli(*argv) -> int:
 def hostile(path):
     rng = np.random.default_rng(0)
     nodes = [helper.make_node("Conv", ["x", "w"], ["[/]"], kernel_shape=[1, 1], name="conv"),
-             helper.make_node("Softmax", ["[/]"], ["α"], axis=1, name="s1"),
-             helper.make_node("Softmax", ["α"], ["β"], axis=1, name="s2"),
-             helper.make_node("Softmax", ["β"], [LONG], axis=1, name="s3")]
+             helper.make_node("Hardmax", ["[/]"], ["α"], axis=1, name="s1"),
+             helper.make_node("Hardmax", ["α"], ["β"], axis=1, name="s2"),
+             helper.make_node("Hardmax", ["β"], [LONG], axis=1, name="s3")]
     g = helper.make_graph(nodes, "../../../escaped", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 4, 4])],
                           [helper.make_tensor_value_info(LONG, TensorProto.FLOAT, [1, 4, 4, 4])],
                           [numpy_helper.from_array(rng.normal(0, .5, (4, 4, 1, 1)).astype(np.float32), "w")])
@@ -59,7 +59,7 @@ def test_every_layer_runs_on_css_and_host(discovered):                      # B7
     root, _, code = discovered
     ops = json.loads((root / "out" / "torq_gen_config_h.json").read_text())["ops"]
     assert code == 0 and len(ops) == 4
-    for lid in ("Softmax_α", "Softmax_β", f"Softmax_{LONG}"):
+    for lid in ("Hardmax_α", "Hardmax_β", f"Hardmax_{LONG}"):
         assert ops[lid]["executors"]["css"]["status"] == "success", ops[lid]
         assert ops[lid]["executors"]["host"]["status"] == "success", ops[lid]
 
@@ -69,7 +69,7 @@ def test_repro_bundles_and_ir_files_are_distinct_and_inside(discovered):     # B
     bundles = sorted((root / "repro").iterdir())
     assert len(bundles) == 3 and all(len(b.name) <= 80 for b in bundles)
     firsts = {(b / "README.txt").read_text().splitlines()[0] for b in bundles}
-    assert firsts == {"# Softmax_α", "# Softmax_β", f"# Softmax_{LONG}"}
+    assert firsts == {"# Hardmax_α", "# Hardmax_β", f"# Hardmax_{LONG}"}
     for b in bundles:
         names = [p.name for p in (b / "inputs").iterdir()]
         assert len(names) == 1
@@ -110,7 +110,7 @@ def test_a_planted_symlink_is_not_followed(discovered, tmp_path, capsys):    # B
     victim.mkdir()
     repro = tmp_path / "repro"
     repro.mkdir()
-    os.symlink(victim, repro / safe_name("Softmax_α"))
+    os.symlink(victim, repro / safe_name("Hardmax_α"))
     os.environ["TORQ_GEN_CONFIG_CACHE_DIR"] = str(root / "cache")
     try:
         assert cli("discover", "--model", model, "--output-dir", tmp_path / "o", *Q, "--repro-dir", repro) == 2
@@ -123,7 +123,7 @@ def test_a_planted_symlink_is_not_followed(discovered, tmp_path, capsys):    # B
 
 def test_safe_name():
     assert safe_name("Conv_1") == "Conv_1"
-    assert safe_name("Softmax_α") != safe_name("Softmax_β")
+    assert safe_name("Hardmax_α") != safe_name("Hardmax_β")
     assert safe_name("a/b") != safe_name("a_b") and "/" not in safe_name("a/b")
     assert len(safe_name("x" * 1000)) <= 80 and safe_name("x" * 1000) != safe_name("x" * 999)
     assert safe_name("..") not in ("..", ".") and safe_name("") != ""
