@@ -120,6 +120,18 @@ def test_other_float_reductions_are_islands_too(op, attrs):
     norm (square root of a sum of squares)."""
     m = model([helper.make_node("Conv", ["x", "w"], ["c"]), helper.make_node(op, ["c"], ["y"], **attrs)],
               [("x", [1, 4, 4, 4])], ["y"], [weight("w", (6, 4, 1, 1), 4, 0.5)])
-    c = torq.compile(quantize(m, {"x": [1, 4, 4, 4]}, full_integer=False))
+    c = torq.compile(torq.quantize(m, num_calib=4))
     assert c.report.unsupported == [] and c.report.islands_line() == f"1 op in bf16 (no integer form): {op} ×1"
     assert verify(c, seed=2).ok
+
+
+def test_an_op_whose_result_stays_float_is_no_island():
+    """ORT's quantize_static leaves LogSoftmax's output float (no QuantizeLinear after it): there is
+    no int8 result to hold to a tolerance, so it is refused, saying why."""
+    m = model([helper.make_node("Conv", ["x", "w"], ["c"]), helper.make_node("LogSoftmax", ["c"], ["y"], axis=1)],
+              [("x", [1, 4, 4, 4])], ["y"], [weight("w", (6, 4, 1, 1), 4, 0.5)])
+    c = torq.compile(quantize(m, {"x": [1, 4, 4, 4]}, full_integer=False))
+    (cause,) = [u for u in c.report.unsupported if not u.consequence]
+    assert cause.onnx_op == "LogSoftmax" and cause.why.endswith("(no bf16 island: it must read dequantized int8 "
+                                                                "and feed a QuantizeLinear)"), cause.why
+    assert c.islands == []

@@ -25,6 +25,52 @@ class Island:
     zero_points: dict = field(default_factory=dict)  # output slot -> its Q's zero point (int8 domain)
 
 
+def bracketed(model, operator_locations, kinds) -> dict:
+    """{LINE:COL: op type} of the nodes of ``kinds`` (ops without an integer form) that sit
+    between DequantizeLinear and QuantizeLinear: every activation they read is dequantized int8,
+    every result is quantized to int8 (through data movement only). Those can be bf16 islands:
+    their int8 result is what ORT's is compared with; an op whose result stays float is not one."""
+    nodes = [n for n in model.graph.node if n.op_type != "Constant"]
+    if len(nodes) != len(operator_locations):
+        return {}
+    consts = {t.name for t in model.graph.initializer} | {o for n in model.graph.node if n.op_type == "Constant"
+                                                          for o in n.output}
+    producer = {o: n for n in nodes for o in n.output}
+    readers: dict = {}
+    for n in nodes:
+        for i in n.input:
+            readers.setdefault(i, []).append(n)
+    outs = {o.name for o in model.graph.output}
+    found = {}
+    for n, (_, loc) in zip(nodes, operator_locations):
+        if n.op_type not in kinds:
+            continue
+        ins = [i for i in n.input if i and i not in consts]
+        reads_int8 = ins and all(_chain(i, lambda t: [producer[t]] if t in producer else [], "DequantizeLinear",
+                                        consts, outs) for i in ins)
+        if reads_int8 and all(_chain(o, lambda t: readers.get(t, []), "QuantizeLinear", consts, outs)
+                              for o in n.output if o):
+            found[loc] = n.op_type
+    return found
+
+
+def _chain(t, step, kind: str, consts, outs) -> bool:
+    """Every path from tensor ``t`` through data-movement nodes ends at a ``kind`` node (and,
+    going forward, never at a graph output)."""
+    nxt = step(t)
+    if not nxt or (kind == "QuantizeLinear" and t in outs):
+        return False
+    for m in nxt:
+        if m.op_type == kind:
+            continue
+        if m.op_type not in _MOVES:
+            return False
+        follow = m.output[:1] if kind == "QuantizeLinear" else [i for i in m.input[:1] if i not in consts]
+        if not all(_chain(f, step, kind, consts, outs) for f in follow):
+            return False
+    return True
+
+
 def find_islands(program, model, operator_locations, islands: dict) -> list[Island]:
     """The `Island` of each LINE:COL of ``islands`` ({LINE:COL: ONNX op}, the lowering report's)
     in ``program``, compiled from ``model`` (the front end's graph: its k-th non-Constant node is

@@ -52,18 +52,19 @@ def dce(module) -> None:
 
 
 def lower(module, ort_zp_shift: int = 0, onnx_ops: dict | None = None, float_ops: bool = False,
-          onnx_names: dict | None = None, islands: bool = True) -> LoweringReport:
+          onnx_names: dict | None = None, islands=False) -> LoweringReport:
     """Rewrite `module` (linalg-on-tensors) in place into torq_hl + data movement.
 
     ort_zp_shift: 128 when the ONNX model's uint8 activations were shifted to int8 (signedness).
     onnx_ops: "LINE:COL" -> ONNX op type, to know which ONNX Runtime kernel the reference runs;
     onnx_names: "LINE:COL" -> ONNX node name, to name the node an unsupported op comes from.
     float_ops: a bf16 model: its float linalg ops become bf16 / f32 torq_hl ops (FLOAT_RULES);
-    islands: in an int8 model, the float ops of the nodes without an integer form do (bf16 islands)."""
+    islands: the LINE:COLs of the nodes without an integer form (``islands.bracketed``) whose float
+    ops do too in an int8 model (bf16 islands); False: islands off."""
     from torch_mlir import ir
     with module.context, ir.Location.unknown():
         ctx = Ctx(module, ort_zp_shift, onnx_ops, onnx_names)
-        ctx.islands = None if float_ops else islands
+        ctx.islands = None if float_ops else (set(islands) if islands is not False else False)
         return _lower(module, ctx, float_ops)
 
 
@@ -138,7 +139,7 @@ def _lower(module, ctx: Ctx, float_ops: bool = False) -> LoweringReport:
             except ValueError as e:     # e.g. a per-channel dequantize feeding an unlowered op
                 ctx.fail(op, f"standalone DequantizeLinear: {e}")
     dce(module)
-    only = (lambda op: _in_island(ctx, op)) if ctx.islands else None
+    only = (lambda op: _in_island(ctx, op)) if ctx.islands else None     # (a set: islands on)
     if float_ops or only is not None:
         ctx.erased()
         _lower_float(ctx, module, only)
@@ -152,11 +153,11 @@ def _lower(module, ctx: Ctx, float_ops: bool = False) -> LoweringReport:
 def _in_island(ctx: Ctx, op) -> bool:
     """An op of a node without an integer form, or a DequantizeLinear of a constant only such
     ops read (LayerNorm's int8 scale: the island takes its exact float value)."""
-    if ctx.onnx_op(op) in NO_INTEGER_FORM:
+    if L.location_key(op) in ctx.islands:
         return True
     readers = [u.owner for r in op.results for u in r.uses]
     return ctx.onnx_op(op) == "DequantizeLinear" and bool(readers) and all(
-        ctx.onnx_op(u) in NO_INTEGER_FORM for u in readers)
+        L.location_key(u) in ctx.islands for u in readers)
 
 
 def _materialize_constants(ctx: Ctx, module) -> None:

@@ -29,7 +29,7 @@ from .frontend import signedness
 from .frontend.canonicalize import canonicalize
 from .frontend.fold_shapes import fold_shape_arithmetic, slice_constant_gathers
 from .emit import emit_program
-from .islands import find_islands
+from .islands import bracketed, find_islands
 
 STAGES = ("torch_onnx", "torch", "linalg", "torq_hl")
 
@@ -149,10 +149,11 @@ def compile(model, debug_ir: str | os.PathLike | None = None, name: str | None =
     module = importer.lower_to_linalg(imported, dump=dump)
     t2 = time.perf_counter()
     onnx_ops = {loc: op for op, loc in imported.operator_locations}
+    can_be = bracketed(model, imported.operator_locations, lowering.NO_INTEGER_FORM) if bf16_islands else False
     with torq_hl.recording() as recorded:
         report = lowering.lower(module, ort_zp_shift=numerics.UINT8_SHIFT if shifted else 0, onnx_ops=onnx_ops,
                                 float_ops=is_bf16(model), onnx_names=_node_names(model, imported.operator_locations),
-                                islands=bf16_islands)
+                                islands=can_be)
     try:
         module.operation.verify()      # the torq_hl dialect is IRDL-registered: attributes are checked
     except Exception as e:  # noqa: BLE001 - an invalid module is a compiler bug, say where

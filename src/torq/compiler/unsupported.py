@@ -105,7 +105,7 @@ def collect(ops, ctx, runs_on_nss) -> LoweringReport:
     if ctx is not None and ctx.islands:
         off = {u.location for u in rep.unsupported}
         rep.islands = {loc: ctx.onnx_ops[loc] for op in ops if op.name.startswith("torq_hl.")
-                       for loc in [L.location_key(op)] if ctx.onnx_ops.get(loc) in NO_INTEGER_FORM and loc not in off}
+                       for loc in [L.location_key(op)] if loc in ctx.islands and loc not in off}
     return rep
 
 
@@ -113,11 +113,13 @@ def _unsupported(ctx, op) -> Unsupported:
     stated = ctx.reason(op) if ctx else None
     why = stated or _default_reason(op.name)
     onnx_op = ctx.onnx_op(op) if ctx else ""
-    islands = getattr(ctx, "islands", False)   # None: a bf16 model (its float ops are no islands)
-    if onnx_op in NO_INTEGER_FORM and islands:
-        why = f"bf16 island: {why}"           # the float rule's reason: the root cause
-    elif onnx_op in NO_INTEGER_FORM and islands is False:
+    islands = getattr(ctx, "islands", False)   # a set: islands on; None: a bf16 model (no islands)
+    if onnx_op in NO_INTEGER_FORM and islands is False:
         why = NO_INTEGER_FORM[onnx_op] + " (bf16 islands are off)"
+    elif onnx_op in NO_INTEGER_FORM and islands is not None and L.location_key(op) in islands:
+        why = f"bf16 island: {why}"           # the float rule's reason: the root cause
+    elif onnx_op in NO_INTEGER_FORM and islands is not None:
+        why = NO_INTEGER_FORM[onnx_op] + " (no bf16 island: it must read dequantized int8 and feed a QuantizeLinear)"
     elif ctx and onnx_op in QDQ:
         why = _constant_for(ctx, op) or why
     node = ctx.onnx_name(op) if ctx else ""

@@ -50,7 +50,7 @@ class Ctx:
         self.reasons: dict = {}   # id(compute op) -> (op, reason)
         self.float_in_ort: set = set()   # id(compute op) whose bias zero point ≠ 0: ORT runs it in float
         self.ort_zp_shift = ort_zp_shift   # 128 when uint8 activations were shifted (compiler/frontend/signedness.py)
-        self.islands: bool | None = False   # ops without an integer form lower as bf16 islands (None: a bf16 model)
+        self.islands = False      # LINE:COLs lowered as bf16 islands (set); False: off; None: a bf16 model
         self._generics: dict = {}  # op -> {force_var: Generic}: each rule reads the same ops again
 
     def generic(self, op, force_var=()):
