@@ -27,8 +27,8 @@ class Island:
 
 def bracketed(model, operator_locations, kinds) -> dict:
     """{LINE:COL: op type} of the nodes of ``kinds`` (ops without an integer form) that sit
-    between DequantizeLinear and QuantizeLinear: every activation they read is dequantized int8,
-    every result is quantized to int8 (through data movement only). Those can be bf16 islands:
+    between DequantizeLinear and QuantizeLinear: every activation they read is dequantized int8 (or
+    a float graph input), every result is quantized to int8 (through data movement only). Those can be bf16 islands:
     their int8 result is what ORT's is compared with; an op whose result stays float is not one."""
     nodes = [n for n in model.graph.node if n.op_type != "Constant"]
     if len(nodes) != len(operator_locations):
@@ -41,13 +41,14 @@ def bracketed(model, operator_locations, kinds) -> dict:
         for i in n.input:
             readers.setdefault(i, []).append(n)
     outs = {o.name for o in model.graph.output}
+    consts_or_inputs = consts | {i.name for i in model.graph.input}
     found = {}
     for n, (_, loc) in zip(nodes, operator_locations):
         if n.op_type not in kinds:
             continue
-        ins = [i for i in n.input if i and i not in consts]
-        reads_int8 = ins and all(_chain(i, lambda t: [producer[t]] if t in producer else [], "DequantizeLinear",
-                                        consts, outs) for i in ins)
+        ins = [i for i in n.input if i and i not in consts_or_inputs]
+        reads_int8 = all(_chain(i, lambda t: [producer[t]] if t in producer else [], "DequantizeLinear",
+                                        consts_or_inputs, outs) for i in ins)
         if reads_int8 and all(_chain(o, lambda t: readers.get(t, []), "QuantizeLinear", consts, outs)
                               for o in n.output if o):
             found[loc] = n.op_type
