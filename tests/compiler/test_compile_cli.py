@@ -96,7 +96,7 @@ def test_unsupported_op_is_named_with_its_location(tmp_path):
     r = run(p, "--verify-against-ort", "--no-bf16-islands")
     line = one_line_error(r, "not supported on NSS:")
     assert __import__("re").search(r" at \d+:\d+: ", line), line
-    assert line.endswith("(bf16 islands are off)"), line
+    assert "(bf16 islands are off)" in line, line
 
 
 def test_an_op_without_integer_form_runs_as_a_bf16_island(tmp_path):
