@@ -1,7 +1,7 @@
 """How far a bf16 island's int8 result is from ONNX Runtime's, per rounding mode: the measurement
 behind ``numerics.BF16_ISLAND_TOL``.
 
-    python benchmarks/island_lsb.py [--seeds 20] [--models a.onnx,b.onnx] [--formats qdq,qdq-pc,qoperator]
+    python benchmarks/island_lsb.py [--seeds 20] [--models a.onnx,b.onnx [--no-builtin]] [--formats qdq,qdq-pc,qoperator]
 
 Built models (seeded weights): a CNN with a Softmax head over 2, 10 and 1000 classes, and a CNN
 with a channel LayerNorm; ``--models``: fp32 exports (e.g. PP-OCR cls), quantized the same way.
@@ -71,13 +71,16 @@ def measure(fp32, fmt: str, seeds: int) -> dict:
                                                                            if not u.consequence])}
     for mode in ("native", "ort"):
         row[mode] = [0, 0, 0]                      # max LSB, differing, elements
-    row["int8_exact"] = True
+    row["int8_exact"], row["out"] = True, {}
     for seed in range(seeds):
         res = verify(c, seed=seed)
         for d in res.islands:
             r = row[d.mode]
             r[0], r[1], r[2] = max(r[0], d.max_lsb), r[1] + d.differ, r[2] + d.size
         row["int8_exact"] &= all(o.exact for o in res.handed_on if o.mode == "ort")
+        for o in res.outputs:           # the whole model's outputs against ORT (free run)
+            row["out"][o.mode] = max(row["out"].get(o.mode, 0.0), o.max_lsb)
+            row["unit"] = o.unit
     return row
 
 
@@ -86,21 +89,25 @@ def main() -> int:
     ap.add_argument("--seeds", type=int, default=20)
     ap.add_argument("--models", default="", help="comma-separated fp32 ONNX files to add")
     ap.add_argument("--formats", default=",".join(FORMATS))
+    ap.add_argument("--no-builtin", action="store_true", help="only the --models files")
     args = ap.parse_args()
-    models = {f"softmax{k}": softmax_head(k) for k in (2, 10, 1000)}
-    models["layernorm"] = layernorm_cnn()
+    models = {} if args.no_builtin else {f"softmax{k}": softmax_head(k) for k in (2, 10, 1000)}
+    if not args.no_builtin:
+        models["layernorm"] = layernorm_cnn()
     for p in filter(None, args.models.split(",")):
         models[Path(p).stem] = onnx.load(p)
     print(f"load before: {os.getloadavg()[0]:.2f}; {args.seeds} seeds per row")
-    print("| model | format | islands | native max LSB (differing) | ort max LSB (differing) | int8 ops bit-exact (ort) | s |")
-    print("|---|---|---|---|---|---|---|")
+    print("| model | format | islands | native max LSB (differing) | ort max LSB (differing) | int8 ops bit-exact (ort) "
+          "| output max |Δ| native / ort | s |")
+    print("|---|---|---|---|---|---|---|---|")
     for name, m in models.items():
         for fmt in args.formats.split(","):
             t0 = time.perf_counter()
             r = measure(m, fmt, args.seeds)
             cell = {k: f"{r[k][0]} ({r[k][1]}/{r[k][2]})" for k in ("native", "ort")}
             print(f"| {name} | {fmt} | {r['islands']}" + (f", {r['unsupported']} refused" if r["unsupported"] else "")
-                  + f" | {cell['native']} | {cell['ort']} | {r['int8_exact']} | {time.perf_counter() - t0:.0f} |",
+                  + f" | {cell['native']} | {cell['ort']} | {r['int8_exact']} | {r['out'].get('native', 0):.3g} / "
+                  f"{r['out'].get('ort', 0):.3g} {r.get('unit', '')} | {time.perf_counter() - t0:.0f} |",
                   flush=True)
     print(f"load after: {os.getloadavg()[0]:.2f}")
     return 0
