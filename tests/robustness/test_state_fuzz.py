@@ -1,8 +1,8 @@
 """Mutation fuzzing of the state torq keeps: the result cache, the report, saved Programs.
 
-A small model (Conv on the NSS, Softmax a bf16 island, also run on CSS/HOST through IREE) is discovered and run once;
-then each case damages one thing (`state_fuzz.py`) and runs a command on it in a forked child
-(`fuzz.run_cli`: memory cap, timeout). Accepted: the reference result (a damaged cache is
+A small model (Conv on the NSS, Softmax a bf16 island, also run on CSS/HOST through IREE) is
+discovered and run once; then each case damages one thing (`state_fuzz.py`) and runs a command on
+it in a forked child (`fuzz.run_cli`: memory cap, timeout). Accepted: the reference result (a damaged cache is
 recomputed: the report equals the reference), or one clean error line that leaves the report as
 it was. Never a signal, a timeout, a traceback, an internal error, or a report torq cannot read.
 `make test` runs a few cases of each; TORQ_FUZZ=500 (`make fuzz`) the long run, TORQ_FUZZ_SEED
