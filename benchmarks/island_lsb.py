@@ -71,13 +71,14 @@ def measure(fp32, fmt: str, seeds: int) -> dict:
                                                                            if not u.consequence])}
     for mode in ("native", "ort"):
         row[mode] = [0, 0, 0]                      # max LSB, differing, elements
-    row["int8_exact"], row["out"] = True, {}
+    row["int8_exact"], row["out"], row["ok"] = True, {}, True
     for seed in range(seeds):
         res = verify(c, seed=seed)
         for d in res.islands:
             r = row[d.mode]
             r[0], r[1], r[2] = max(r[0], d.max_lsb), r[1] + d.differ, r[2] + d.size
         row["int8_exact"] &= all(o.exact for o in res.handed_on if o.mode == "ort")
+        row["ok"] &= res.ok
         for o in res.outputs:           # the whole model's outputs against ORT (free run)
             row["out"][o.mode] = max(row["out"].get(o.mode, 0.0), o.max_lsb)
             row["unit"] = o.unit
@@ -98,8 +99,8 @@ def main() -> int:
         models[Path(p).stem] = onnx.load(p)
     print(f"load before: {os.getloadavg()[0]:.2f}; {args.seeds} seeds per row")
     print("| model | format | islands | native max LSB (differing) | ort max LSB (differing) | int8 ops bit-exact (ort) "
-          "| output max |Δ| native / ort | s |")
-    print("|---|---|---|---|---|---|---|---|")
+          "| output max |Δ| native / ort | verify | s |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for name, m in models.items():
         for fmt in args.formats.split(","):
             t0 = time.perf_counter()
@@ -107,7 +108,8 @@ def main() -> int:
             cell = {k: f"{r[k][0]} ({r[k][1]}/{r[k][2]})" for k in ("native", "ort")}
             print(f"| {name} | {fmt} | {r['islands']}" + (f", {r['unsupported']} refused" if r["unsupported"] else "")
                   + f" | {cell['native']} | {cell['ort']} | {r['int8_exact']} | {r['out'].get('native', 0):.3g} / "
-                  f"{r['out'].get('ort', 0):.3g} {r.get('unit', '')} | {time.perf_counter() - t0:.0f} |",
+                  f"{r['out'].get('ort', 0):.3g} {r.get('unit', '')} | {'PASS' if r['ok'] else 'FAIL'} | "
+                  f"{time.perf_counter() - t0:.0f} |",
                   flush=True)
     print(f"load after: {os.getloadavg()[0]:.2f}")
     return 0
