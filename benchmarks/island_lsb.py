@@ -64,8 +64,10 @@ def _model(nodes, shape, inits) -> onnx.ModelProto:
 
 def measure(fp32, fmt: str, seeds: int) -> dict:
     import torq
+    from torq.gen_config.compare import dq_output_scales
     from torq.verify import verify
     q = torq.quantize(fp32, num_calib=4, **FORMATS[fmt])
+    lsb = dq_output_scales(q)           # float outputs of a DequantizeLinear: |Δ| in its LSB
     c = torq.compile(q)
     row = {"islands": c.report.islands_line() or "none", "unsupported": len([u for u in c.report.unsupported
                                                                            if not u.consequence])}
@@ -80,8 +82,8 @@ def measure(fp32, fmt: str, seeds: int) -> dict:
         row["int8_exact"] &= all(o.exact for o in res.handed_on if o.mode == "ort")
         row["ok"] &= res.ok
         for o in res.outputs:           # the whole model's outputs against ORT (free run)
-            row["out"][o.mode] = max(row["out"].get(o.mode, 0.0), o.max_lsb)
-            row["unit"] = o.unit
+            d, row["unit"] = (o.max_lsb / lsb[o.name], "LSB") if o.name in lsb else (o.max_lsb, o.unit)
+            row["out"][o.mode] = max(row["out"].get(o.mode, 0.0), d)
     return row
 
 
