@@ -25,8 +25,6 @@ NO_INTEGER_FORM = {
                "then divided by its row's sum in float32; the NSS has no divider, so no exact integer form",
     "LogSoftmax": "x - max - log(sum(exp(x - max))) along each row in float32: a float reduction of the "
                   "activations, no exact integer form on the NSS",
-    "LpNormalization": "divides each element by the norm of its row (a square root of a float sum of "
-                       "squares): no exact integer form on the NSS",
     "ReduceL2": "the square root of a float sum of squares: no exact integer form on the NSS",
 }
 
