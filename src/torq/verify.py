@@ -220,6 +220,9 @@ def print_report(res: VerifyResult, console=None) -> None:
         verdict = "bit-exact" if o.exact else ("±1 LSB" if o.unit == "LSB" and o.max_lsb <= 1 else "differs")
         t.add_row(escape(o.name), o.mode, f"{o.max_lsb:g} {o.unit}", f"{o.differ}/{o.size}", verdict)
     console.print(t)
+    if res.islands and not all(o.exact for o in res.outputs if o.mode == "ort"):
+        console.print("[yellow]note[/]: the outputs carry the bf16 islands' differences on; each island is judged "
+                      "where it is made, and the int8 ops with ORT's island results handed on (below)")
     for d in res.islands:
         console.print(("" if d.ok else "[red]") + escape(str(d)) + ("" if d.ok else "[/]"))
     if res.islands:
