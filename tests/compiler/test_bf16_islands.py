@@ -134,3 +134,13 @@ def test_an_op_whose_result_stays_float_is_no_island():
     assert cause.onnx_op == "LogSoftmax" and cause.why.endswith("(no bf16 island: it must read dequantized int8 "
                                                                 "and feed a QuantizeLinear)"), cause.why
     assert c.islands == []
+
+
+@pytest.mark.parametrize("fmt", ["qdq", "qoperator"])
+def test_uint8_full_integer_island_writes_the_graph_output(fmt):
+    """uint8 activations (shifted to int8 inside) and an island whose Q is the graph output."""
+    q = quantize(softmax_head(), {"x": [1, 3, 8, 8]}, fmt=fmt, act="u8", full_integer=True)
+    c = torq.compile(q)
+    assert c.report.unsupported == [] and c.islands[0].outputs[0][1] == q.graph.output[0].name
+    r = verify(c, seed=3)
+    assert r.ok and all(d.max_lsb <= 2 for d in r.islands)
