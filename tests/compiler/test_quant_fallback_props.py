@@ -50,19 +50,24 @@ def one_node(op, x_type, y_type, shape, scale, zp, zp_type):
     return m
 
 
-@SETTINGS
-@given(shape=SHAPES, scale=SCALES, dtype=DTYPES, data=st.data())
-def test_quantize_fallback(shape, scale, dtype, data):
+def compiled(op, shape, scale, dtype, data):
+    """(model, its compile, the int range, the zero point drawn, an rng) of one Q or DQ node."""
     onnx_t, np_t = dtype
     info = np.iinfo(np_t)
     zp = data.draw(st.integers(int(info.min), int(info.max)))
-    m = one_node("QuantizeLinear", TensorProto.FLOAT, onnx_t, shape, scale, zp, onnx_t)
-    c = torq.compile(m)
+    x_t, y_t = (TensorProto.FLOAT, onnx_t) if op == "QuantizeLinear" else (onnx_t, TensorProto.FLOAT)
+    m = one_node(op, x_t, y_t, shape, scale, zp, onnx_t)
+    return m, torq.compile(m), info, zp, np.random.default_rng(data.draw(st.integers(0, 2 ** 16)))
+
+
+@SETTINGS
+@given(shape=SHAPES, scale=SCALES, dtype=DTYPES, data=st.data())
+def test_quantize_fallback(shape, scale, dtype, data):
+    m, c, info, zp, rng = compiled("QuantizeLinear", shape, scale, dtype, data)
     assert {s.op for s in c.program.steps} >= {"torq_hl.act", "torq_hl.mul", "torq_hl.fma"}
-    rng = np.random.default_rng(data.draw(st.integers(0, 2 ** 16)))
     x = (rng.uniform(-1.5, 1.5, shape) * scale * 256).astype(np.float32)
     x.reshape(-1)[0] = np.float32(scale) * np.float32(2.5)        # a tie for ORT's rounding
-    expect = quantize_model_of_the_steps(x, scale, zp, int(info.min), int(info.max), 128 if np_t == np.uint8 else 0)
+    expect = quantize_model_of_the_steps(x, scale, zp, int(info.min), int(info.max), 128 if info.min == 0 else 0)
     assert np.array_equal(c.run({"x": x}, "native")["y"].astype(np.int64), expect)
     assert np.array_equal(c.run({"x": x}, "ort")["y"], ort_run(m, {"x": x})["y"])
 
@@ -70,23 +75,22 @@ def test_quantize_fallback(shape, scale, dtype, data):
 @SETTINGS
 @given(shape=SHAPES, scale=SCALES, dtype=DTYPES, data=st.data())
 def test_dequantize_fallback(shape, scale, dtype, data):
-    onnx_t, np_t = dtype
-    info = np.iinfo(np_t)
-    zp = data.draw(st.integers(int(info.min), int(info.max)))
-    m = one_node("DequantizeLinear", onnx_t, TensorProto.FLOAT, shape, scale, zp, onnx_t)
-    c = torq.compile(m)
-    rng = np.random.default_rng(data.draw(st.integers(0, 2 ** 16)))
-    q = rng.integers(int(info.min), int(info.max) + 1, shape).astype(np_t)
+    m, c, info, zp, rng = compiled("DequantizeLinear", shape, scale, dtype, data)
+    q = rng.integers(int(info.min), int(info.max) + 1, shape).astype(dtype[1])
     got = c.run({"x": q}, "native")["y"]
     assert np.array_equal(got.view(np.int32), dequantize_model_of_the_steps(q, scale, zp).view(np.int32))
     assert np.array_equal(c.run({"x": q}, "ort")["y"].view(np.int32), ort_run(m, {"x": q})["y"].view(np.int32))
 
 
-def test_the_model_here_catches_a_skipped_rounding():
-    """The injected fault: a Quantize whose product is not rounded to bf16 differs from the model."""
-    x = np.linspace(-3, 3, 4001, dtype=np.float32)
-    right = quantize_model_of_the_steps(x, 0.013, 3, -128, 127)
-    factor = bf16(np.float32(1.0) / np.float32(0.013))
-    skipped = np.clip(np.rint(bf16(bf16(x) * factor + np.float32(3)).astype(np.float64)), -128, 127)
-    assert not np.array_equal(right, skipped)
-    assert np.array_equal(right, torq.numerics.quantize_fallback(x, 0.013, 3, -128, 127))
+def test_a_factor_one_bf16_step_off_is_caught():
+    """The injected fault: the compiled Quantize's 1/scale one bf16 step too large; the model here
+    must see it (and the unchanged program must match it)."""
+    m = one_node("QuantizeLinear", TensorProto.FLOAT, TensorProto.INT8, [4001], 0.013, 3, TensorProto.INT8)
+    x = np.linspace(-1.6, 1.6, 4001, dtype=np.float32)
+    expect = quantize_model_of_the_steps(x, 0.013, 3, -128, 127)
+    c = torq.compile(m)
+    assert np.array_equal(c.run({"x": x}, "native")["y"].astype(np.int64), expect)
+    mul = next(st for st in c.program.steps if st.op == "torq_hl.mul")
+    c.program.constants[mul.args[1]] = np.asarray(c.program.constants[mul.args[1]], np.float32) * np.float32(1 + 2 ** -7)
+    c._simulator = None
+    assert not np.array_equal(c.run({"x": x}, "native")["y"].astype(np.int64), expect)
