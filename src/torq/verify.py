@@ -57,7 +57,7 @@ ISLAND_TOL = numerics.BF16_ISLAND_TOL      # (why these values: numerics/bf16.py
 
 @dataclass
 class IslandDiff:
-    """A bf16 island's int8 result against ORT's (whole model, the run's inputs)."""
+    """A bf16 island's int8 result, computed from ORT's own int8 inputs, against ORT's result."""
     op: str
     node: str
     location: str
@@ -101,7 +101,9 @@ class VerifyResult:
 
         With int16 activations (``float_steps``) ORT accumulates in float32, which no integer
         machine reproduces bit for bit: the whole-model ort outputs are then reported, not
-        required equal, and each op is held to the bounded contract of ``numerics.int16``."""
+        required equal, and each op is held to the bounded contract of ``numerics.int16``.
+        With bf16 islands the ort outputs required equal are those of the run with ORT's values at
+        the island edges (``handed_on``), and every island must be within its tolerance."""
         ort_exact = self.float_steps > 0 or all(
             o.exact for o in (self.handed_on if self.islands else self.outputs) if o.mode == "ort")
         return ort_exact and all(od.explained for od in self.op_diffs) and all(i.ok for i in self.islands)
