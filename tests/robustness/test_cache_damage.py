@@ -1,6 +1,6 @@
 """The cache holds results, not accidents (audit 3: B2, B12, B13, B14, B31).
 
-A two-layer model (Conv on the NSS, Softmax on CSS/HOST through IREE) is discovered once as the
+A two-layer model (Conv on the NSS, Hardmax, which has no NSS pattern, on CSS/HOST through IREE) is discovered once as the
 reference; then every kind of cache damage the audit tried must give the reference report again
 (recomputed, counted as computed, never as a cache hit), and a failure caused by the machine
 must stop discover in one line without leaving a verdict behind.
@@ -25,10 +25,10 @@ def cli(*argv) -> int:
     return main([str(a) for a in argv])
 
 
-def tiny(path):
+def tiny(path, op="Hardmax"):
     rng = np.random.default_rng(0)
     nodes = [helper.make_node("Conv", ["x", "w"], ["c"], kernel_shape=[3, 3], pads=[1, 1, 1, 1], name="c"),
-             helper.make_node("Softmax", ["c"], ["y"], axis=1, name="s")]
+             helper.make_node(op, ["c"], ["y"], axis=1, name="s")]
     g = helper.make_graph(nodes, "tiny", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])],
                           [numpy_helper.from_array(rng.normal(0, .3, (4, 4, 3, 3)).astype(np.float32), "w")])
@@ -49,7 +49,7 @@ def reference(tmp_path_factory):
     finally:
         os.environ.pop("TORQ_GEN_CONFIG_CACHE_DIR")
     ops = json.loads((root / "out" / "torq_gen_config_tiny.json").read_text())["ops"]
-    assert ops["Softmax_y"]["executors"]["css"]["status"] == "success"
+    assert ops["Hardmax_y"]["executors"]["css"]["status"] == "success"
     return model, cache, ops
 
 
@@ -67,6 +67,19 @@ def rediscover(reference, tmp_path, *flags):
     code = cli("discover", "--model", reference[0], "--output-dir", out, *Q, *flags)
     r = json.loads((out / "torq_gen_config_tiny.json").read_text())
     return code, r["ops"], r["discovery_report"]["summary"]
+
+
+def test_an_island_result_is_a_cache_hit(tmp_path, monkeypatch):
+    """A Softmax in an int8 model is a bf16 island on the NSS: its result records the island's LSB
+    tolerance beside the requested one, and is still the requested tolerance's cache hit."""
+    model = tiny(tmp_path / "tiny.onnx", "Softmax")
+    monkeypatch.setenv("TORQ_GEN_CONFIG_CACHE_DIR", str(tmp_path / "cache"))
+    for i, (hits, computed) in enumerate([(0, 2), (6, 0)]):
+        assert cli("discover", "--model", model, "--output-dir", tmp_path / f"o{i}", *Q) == 0
+        r = json.loads((tmp_path / f"o{i}" / "torq_gen_config_tiny.json").read_text())
+        assert r["ops"]["Softmax_y"]["executors"]["nss"]["status"] == "success"
+        summary = r["discovery_report"]["summary"]
+        assert (summary["from_cache"], summary["computed"]) == (hits, computed)
 
 
 @pytest.mark.parametrize("damage", ["[]", '"hello"', "42", "null", "{}", '{"status": "bogus"}', "half",
