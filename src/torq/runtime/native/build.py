@@ -178,14 +178,15 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.torq_add_i8.argtypes = [p, p, p, ctypes.c_long] + [i] * 8
     lib.torq_gap_i8.argtypes = [p, p, ctypes.c_long, ctypes.c_long, i, ctypes.c_int64] + [i] * 6 + [ctypes.c_float]
     lib.torq_maxpool_i8.argtypes = [p, p, i, p, i]
-    lib.torq_run_calls.argtypes = [p, i, i, p]
+    lib.torq_run_calls.argtypes = [p, i, i, i, p]
     lib.torq_conv_f32.argtypes = [p, p, p, p, ctypes.POINTER(TorqFgeom), i]
     lib.torq_matmul_f32.argtypes = [p, p, p, p] + [i] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_float] * 2 + [i, i, i]
     lib.torq_binary_f32.argtypes = [p, p, p, ctypes.c_long, i, i, i]
     lib.torq_lut16_f32.argtypes = [p, p, p, ctypes.c_long, i]
     lib.torq_maxpool_f32.argtypes = [p, p, i, i, i, p, i]
+    lib.torq_gap_f32.argtypes = [p, p, ctypes.c_long, ctypes.c_long, i, i]
     for fn in (lib.torq_run_calls, lib.torq_conv_f32, lib.torq_matmul_f32, lib.torq_float_features, lib.torq_binary_f32,
-               lib.torq_lut16_f32, lib.torq_maxpool_f32, lib.torq_conv_i8, lib.torq_conv_amx_i8, lib.torq_dw_i8, lib.torq_fc_i8,
+               lib.torq_lut16_f32, lib.torq_maxpool_f32, lib.torq_gap_f32, lib.torq_conv_i8, lib.torq_conv_amx_i8, lib.torq_dw_i8, lib.torq_fc_i8,
                lib.torq_requant_i8,
                lib.torq_features, lib.torq_amx_init, lib.torq_add_i8, lib.torq_gap_i8, lib.torq_maxpool_i8):
         fn.restype = i
