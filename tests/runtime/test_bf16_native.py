@@ -164,3 +164,56 @@ def test_threads_split_large_jobs_bit_exact(isa, depthwise, monkeypatch):
         set_threads(threads)
         got = float_ops._matmul(native.library(), _Outputs(), xm, ym, None, -math.inf, math.inf, True)
         assert np.array_equal(got, want), threads
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_depthwise_read_in_rows_bit_exact(isa, data):
+    """Depthwise layers of stride 2 (any width: several 64-column tiles) and narrow ones of stride 1
+    read the input rows in place (float_depthwise.c, geometry ``dwrows``): the reference engine's
+    bits, with an infinite weight now and then (a padded tap must still add inf * 0 = NaN)."""
+    from torq.runtime.kernels import float_gemm
+    d = data.draw
+    s = d(st.sampled_from([1, 2]))
+    kh, kw = d(st.integers(1, 5)), d(st.integers(1, 5))
+    pad = [d(st.integers(0, 2)) for _ in range(4)]
+    n, c, h = d(st.integers(1, 2)), d(st.integers(1, 12)), d(st.integers(1, 12))
+    w = d(st.integers(1, 16)) if s == 1 else d(st.integers(1, 170))
+    oh, ow = (h + pad[2] + pad[3] - kh) // s + 1, (w + pad[0] + pad[1] - kw) // s + 1
+    if oh < 1 or ow < 1 or (s == 1 and ow > 16):
+        return
+    rng = np.random.default_rng(d(st.integers(0, 2 ** 16)))
+    x, wt, b = bf(rng, (n, c, h, w), 3.0), bf(rng, (c, 1, kh, kw)), rng.standard_normal(c).astype(np.float32)
+    if d(st.booleans()):
+        wt[rng.integers(c), 0, rng.integers(kh), rng.integers(kw)] = np.inf
+    attrs = {"groups": c, "pad": pad, "stride": [s, s], "dilation": [1, 1], "output_min": bf16_arith.F32_MIN_BITS,
+             "output_max": bf16_arith.F32_MAX_BITS}
+    set_threads(d(st.integers(1, 2)))
+    conv = float_ops.FloatConv(wt, b, attrs, True, True)
+    got = conv(x)
+    assert all(geo[0][0].dwrows for geo in conv.geoms.values())       # (the portable build ignores it)
+    with np.errstate(invalid="ignore"):
+        acc = float_gemm.conv_acc(x, wt, pad, [s, s], [1, 1], c)
+        want = bf16_arith.finish(acc, b[None, :, None, None], -np.inf, np.inf, "bf16")
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+@pytest.mark.parametrize("s,w", [(1, 12), (2, 70)])
+def test_depthwise_read_in_rows_adds_the_padding(isa, s, w):
+    """An infinite weight on the corner tap: the outputs whose tap falls on the padding (top row,
+    left column) are inf * 0 = NaN in the model, as with zero-filled planes; skipped taps would
+    leave them finite."""
+    from torq.runtime.kernels import float_gemm
+    rng = np.random.default_rng(11)
+    x, wt, b = bf(rng, (1, 2, 9, w)), bf(rng, (2, 1, 3, 3)), np.zeros(2, np.float32)
+    wt[1, 0, 0, 0] = np.inf
+    attrs = {"groups": 2, "pad": [1, 1, 1, 1], "stride": [s, s], "dilation": [1, 1],
+             "output_min": bf16_arith.F32_MIN_BITS, "output_max": bf16_arith.F32_MAX_BITS}
+    conv = float_ops.FloatConv(wt, b, attrs, True, True)
+    got = conv(x)
+    assert all(geo[0][0].dwrows for geo in conv.geoms.values())
+    with np.errstate(invalid="ignore"):
+        want = bf16_arith.finish(float_gemm.conv_acc(x, wt, attrs["pad"], [s, s], [1, 1], 2), b[None, :, None, None],
+                                 -np.inf, np.inf, "bf16")
+    assert np.isnan(want[0, 1, 0]).all() and np.isnan(want[0, 1, :, 0]).all()
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))

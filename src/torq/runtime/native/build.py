@@ -26,9 +26,10 @@ import threading
 from pathlib import Path
 
 _HERE = Path(__file__).resolve().parent
-_UNITS = (_HERE / "conv.c", _HERE / "depthwise.c", _HERE / "eltwise.c", _HERE / "float_conv.c", _HERE / "float_eltwise.c",
+_UNITS = (_HERE / "conv.c", _HERE / "depthwise.c", _HERE / "eltwise.c", _HERE / "float_conv.c", _HERE / "float_depthwise.c",
+          _HERE / "float_eltwise.c",
           _HERE / "plan.c", _HERE / "pool.c")
-SOURCES = (*_UNITS, _HERE / "common.h", _HERE / "pool.h", _HERE.parent.parent / "numerics" / "bf16.h",
+SOURCES = (*_UNITS, _HERE / "common.h", _HERE / "pool.h", _HERE / "float_conv.h", _HERE.parent.parent / "numerics" / "bf16.h",
            _HERE.parent.parent / "numerics" / "act.h")
 _BASE_FLAGS = ["-O3", "-std=gnu11", "-fPIC", "-shared", "-pthread", "-ffp-contract=off", "-fno-strict-aliasing"]
 
@@ -62,7 +63,9 @@ class TorqFgeom(ctypes.Structure):
         "N", "C", "H", "W", "G", "Cg", "Og", "OH", "OW", "T", "nph", "rows", "Wq", "sh", "sw", "pt", "pl", "L",
         "RO", "PV", "direct", "bf16", "rowtile")] + [("lo", ctypes.c_float), ("hi", ctypes.c_float),
                                           ("cstride", ctypes.c_int64), ("phstride", ctypes.c_int64),
-                                          ("ph_ab", ctypes.c_void_p), ("tap_off", ctypes.c_void_p)]
+                                          ("ph_ab", ctypes.c_void_p), ("tap_off", ctypes.c_void_p),
+                                          ("kh", ctypes.c_int32), ("kw", ctypes.c_int32), ("dwrows", ctypes.c_int32),
+                                          ("pad_", ctypes.c_int32)]
 
 
 def isa() -> str:

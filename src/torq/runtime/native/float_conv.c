@@ -19,6 +19,7 @@
 #include <string.h>
 #include "bf16.h"
 #include "common.h"
+#include "float_conv.h"
 
 #define SLACK 128       /* floats readable past a plane's end (16 * the largest PV) */
 #define WPREF 384       /* weights prefetched this many floats ahead (a weight block streams once per tile) */
@@ -26,19 +27,6 @@
 #define GRM 4           /* rows per register tile (matmul) */
 #define GNV 4           /* 16-column vectors per register tile (matmul) */
 
-typedef struct {
-    int32_t N, C, H, W, G, Cg, Og, OH, OW, T;
-    int32_t nph, rows, Wq, sh, sw, pt, pl;
-    int32_t L;                      /* wide pixels computed: (OH - 1) * Wq + OW */
-    int32_t RO, PV;                 /* weight block (channels), 16-pixel vectors per tile */
-    int32_t direct;                 /* the input is the plane (no padding, stride 1) */
-    int32_t bf16;
-    int32_t rowtile;                /* a tile is one output row (depthwise: no wide columns to drop) */
-    float lo, hi;
-    int64_t cstride, phstride;      /* floats between channel planes / between phases */
-    const int32_t *ph_ab;           /* [nph][2] row / column residue of each phase */
-    const int64_t *tap_off;         /* [T] offset of the tap from the plane base */
-} torq_fgeom;
 
 typedef struct {
     const torq_fgeom *g;
@@ -293,6 +281,10 @@ static void group_chunk(void *ctx, int grp)
 int torq_conv_f32(const float *x, float *out, const float *w, const float *bias, const torq_fgeom *g,
                   int nthreads)
 {
+#if TORQ_F512
+    if (g->dwrows)
+        return torq_dw_rows_f32(x, out, w, bias, g, nthreads);
+#endif
     fjob j = {g, NULL, w, bias, NULL, NULL, 0, (g->Og + g->RO - 1) / g->RO, 0};
     j.ntiles = g->rowtile ? g->OH : (g->L + 16 * g->PV - 1) / (16 * g->PV);
     j.tiles_fastest = g->Cg * g->T <= 32 || (int64_t)g->G * g->Og * g->Cg * g->T > (int64_t)g->C * g->cstride * g->nph;
