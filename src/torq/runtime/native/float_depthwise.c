@@ -76,6 +76,44 @@ static inline __attribute__((always_inline)) void dw_block(const dwjob *j, const
                                   torq_bf16_finish_x16(acc[b][v], bv, lo, hi, g->bf16));
 }
 
+/* dw_block for a 3x3 kernel: each input row is loaded once (3 shifted column vectors) and added
+ * to every output row of the block that reads it; an accumulator still takes its taps in weight
+ * order (input rows ascending = kernel rows ascending, then the 3 columns) */
+static inline __attribute__((always_inline)) void dw_block3(const dwjob *j, const float *xc, const float *wc,
+                                                            float *oc, __mmask16 m[][DNV][2], float bias, int r0,
+                                                            int q0, const int RB, const int NV, const int s)
+{
+    const torq_fgeom *g = j->g;
+    __m512 acc[RB][NV];
+    _Pragma("GCC unroll 32") for (int b = 0; b < RB; b++)
+        _Pragma("GCC unroll 32") for (int v = 0; v < NV; v++)
+            acc[b][v] = _mm512_setzero_ps();
+    _Pragma("GCC unroll 32") for (int yy = 0; yy < (RB - 1) * s + 3; yy++) {
+        const int y = r0 * s + yy - g->pt;
+        const float *row = xc + (int64_t)y * g->W + q0 * s - g->pl;
+        const int inside = y >= 0 && y < g->H;
+        __m512 xv[3][NV];
+        _Pragma("GCC unroll 32") for (int t = 0; t < 3; t++)
+            _Pragma("GCC unroll 32") for (int v = 0; v < NV; v++)
+                xv[t][v] = inside ? tap_cols(row + 16 * v * s + t, 0, m[t][v], s) : _mm512_setzero_ps();
+        _Pragma("GCC unroll 32") for (int i = 0; i < 3; i++) {
+            const int bs = yy - i, b = bs / s;          /* output row b * s + i = yy */
+            if (bs < 0 || bs % s || b >= RB)
+                continue;
+            _Pragma("GCC unroll 32") for (int t = 0; t < 3; t++) {
+                const __m512 wv = _mm512_set1_ps(wc[i * 3 + t]);
+                _Pragma("GCC unroll 32") for (int v = 0; v < NV; v++)
+                    acc[b][v] = _mm512_fmadd_ps(wv, xv[t][v], acc[b][v]);
+            }
+        }
+    }
+    const __m512 bv = _mm512_set1_ps(bias), lo = _mm512_set1_ps(g->lo), hi = _mm512_set1_ps(g->hi);
+    _Pragma("GCC unroll 32") for (int b = 0; b < RB && r0 + b < g->OH; b++)
+        _Pragma("GCC unroll 32") for (int v = 0; v < NV; v++)
+            _mm512_mask_storeu_ps(oc + (int64_t)(r0 + b) * g->OW + 16 * v, lane_mask(g->OW - q0 - 16 * v),
+                                  torq_bf16_finish_x16(acc[b][v], bv, lo, hi, g->bf16));
+}
+
 /* every output row of channel nc, columns [q0, q0 + 16 * NV), stride s both ways */
 static inline __attribute__((always_inline)) void dw_cols(const dwjob *j, int nc, int q0, const int NV, const int s)
 {
@@ -91,8 +129,12 @@ static inline __attribute__((always_inline)) void dw_cols(const dwjob *j, int nc
             m[t][v][1] = cols_in(start + 16, g->W);
         }
     const int RB = NV == 1 ? 8 : (NV == 2 ? 4 : 2);
-    for (int r0 = 0; r0 < g->OH; r0 += RB)
-        dw_block(j, xc, wc, oc, m, j->bias[c], r0, q0, RB, NV, s);
+    for (int r0 = 0; r0 < g->OH; r0 += RB) {
+        if (g->kh == 3 && g->kw == 3)
+            dw_block3(j, xc, wc, oc, m, j->bias[c], r0, q0, RB, NV, s);
+        else
+            dw_block(j, xc, wc, oc, m, j->bias[c], r0, q0, RB, NV, s);
+    }
 }
 
 #define DW_COLS(NV_, S_)                                                  \

@@ -117,10 +117,10 @@ class FloatConv:
         return self.geoms[key]
 
     def _geometry(self, shape, direct_ok):
-        """Depthwise layers of stride 2, or of stride 1 with rows of <= 16 outputs, read their input
-        rows in place (float_depthwise.c, ``dwrows``): measured 1.2-2x faster there than building
-        the padded phase planes; wider stride-1 rows stay on the planes (15-30 % faster there:
-        unmasked loads)."""
+        """Depthwise layers of stride 2, 3x3 ones and those with rows of <= 16 outputs read their
+        input rows in place (float_depthwise.c, ``dwrows``): measured 1.2-2x faster there than
+        building the padded phase planes (1 thread, MobileNetV2's layers); other wide stride-1
+        kernels stay on the planes (15-30 % faster there: unmasked loads)."""
         if len(shape) != 4:
             return None
         n, c, h, w = shape
@@ -147,7 +147,7 @@ class FloatConv:
                       int(ro == 1 and 14 <= ow <= 128),
                       self.lo, self.hi, plane, phstride, ph_ab.ctypes.data, tap_off.ctypes.data, self.kh, self.kw,
                       int(groups == c and self.cg == 1 and self.O == c and (dh, dw) == (1, 1) and self.kw <= 16
-                          and (sh == sw == 2 or sh == sw == 1 and ow <= 16)))
+                          and (sh == sw == 2 or sh == sw == 1 and (ow <= 16 or self.kh == self.kw == 3))))
         return (g, ctypes.pointer(g), ph_ab, tap_off, packed, packed.ctypes.data), (n, self.O, oh, ow)
 
     def __call__(self, x):
