@@ -261,6 +261,17 @@ static void conv_chunk(void *ctx, int i)
     conv_tile(j, j->planes + (int64_t)grp * j->g->Cg * j->g->cstride, grp, ob, tile);
 }
 
+/* chunks [i0, i1): threads claim ranges of chunks, not single ones -- a 1x1 conv with a short K has
+ * chunks of ~0.2 us (16 -> 96 channels at 112x112: 3136 of them), and two threads claiming each
+ * one from the pool's shared counter spend more time passing its cache line than computing */
+static void conv_range(void *ctx, int i0, int i1)
+{
+    for (int i = i0; i < i1; i++)
+        conv_chunk(ctx, i);
+}
+
+#define RANGE_WORK (1 << 17)    /* MACs per range claimed (~3 us) */
+
 /* grouped convs (depthwise...): chunk = one group, its planes built into this thread's scratch
  * and used at once while they are in cache */
 static void group_chunk(void *ctx, int grp)
@@ -308,7 +319,9 @@ int torq_conv_f32(const float *x, float *out, const float *w, const float *bias,
             j.planes = planes;
             torq_parallel_for(g->nph * g->C, build_chunk, &j, nthreads);
         }
-        torq_parallel_for(g->G * j.nob * j.ntiles, conv_chunk, &j, nthreads);
+        const int64_t chunk = (int64_t)(g->rowtile ? g->OW : 16 * g->PV) * g->RO * g->Cg * g->T;
+        torq_parallel_ranges(g->G * j.nob * j.ntiles, chunk >= RANGE_WORK ? 1 : (int)(RANGE_WORK / chunk), conv_range, &j,
+                             nthreads);
     }
     return 0;
 }
@@ -405,6 +418,12 @@ static void gemm_chunk(void *ctx, int i)
 #endif
 }
 
+static void gemm_range(void *ctx, int i0, int i1)
+{
+    for (int i = i0; i < i1; i++)
+        gemm_chunk(ctx, i);
+}
+
 /* C[b] = finish(A[b] [M, K] @ B[b] [K, N] + bias [N]) for b < batch (batch strides in floats;
  * 0 broadcasts an operand); bias may be NULL; a packed B (one weight, sB = 0) is in 64-column
  * panels, zero-padded to a multiple of 64 columns */
@@ -413,7 +432,9 @@ int torq_matmul_f32(const float *A, const float *B, float *C, const float *bias,
 {
     gjob j = {A, B, bias, C, M, K, N, (M + GRM - 1) / GRM, (N + 16 * GNV - 1) / (16 * GNV), bf16, sA, sB, sC, lo, hi,
               packed};
-    torq_parallel_for(batch * j.nmb * j.nnb, gemm_chunk, &j, float_threads((int64_t)batch * M * N * K, nthreads));
+    const int64_t chunk = (int64_t)GRM * 16 * GNV * K;
+    torq_parallel_ranges(batch * j.nmb * j.nnb, chunk >= RANGE_WORK ? 1 : (int)(RANGE_WORK / chunk), gemm_range, &j,
+                         float_threads((int64_t)batch * M * N * K, nthreads));
     return 0;
 }
 
