@@ -219,3 +219,25 @@ def test_depthwise_read_in_rows_adds_the_padding(isa, s, w):
                                  -np.inf, np.inf, "bf16")
     assert np.isnan(want[0, 1, 0]).all() and np.isnan(want[0, 1, :, 0]).all()
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(n=st.integers(1, 200), op=st.sampled_from(sorted(float_ops.BINARY_OPS)), bf16=st.booleans(),
+       seed=st.integers(0, 2 ** 16))
+def test_binary_bit_exact(isa, n, op, bf16, seed):
+    """add / sub / mul (16 lanes at a time, then the tail one by one): fl32(a op b), then bf16
+    RNE, on values with ties, infinities and NaNs among them."""
+    rng = np.random.default_rng(seed)
+    a, b = (rng.standard_normal(n) * 4).astype(np.float32), (rng.standard_normal(n) * 4).astype(np.float32)
+    special = np.array([np.inf, -np.inf, np.nan, 0.0, -0.0, 1.0 + 2.0 ** -8, 3.0 * 2.0 ** -9], np.float32)
+    for arr in (a, b):
+        k = rng.integers(0, n, n // 4)
+        arr[k] = rng.choice(special, k.size)
+    out = np.empty(n, np.float32)
+    native.library().torq_binary_f32(a.ctypes.data, b.ctypes.data, out.ctypes.data, n, float_ops.BINARY_OPS[op],
+                                     int(bf16), 1)
+    with np.errstate(all="ignore"):
+        y = {"add": np.add, "sub": np.subtract, "mul": np.multiply}[op](a, b)
+    want = M.bf16(y) if bf16 else y
+    assert np.array_equal(np.isnan(out), np.isnan(want))
+    assert np.array_equal(out.view(np.uint32)[~np.isnan(out)], want.view(np.uint32)[~np.isnan(want)])
