@@ -270,7 +270,7 @@ static void conv_range(void *ctx, int i0, int i1)
         conv_chunk(ctx, i);
 }
 
-#define RANGE_WORK (1 << 17)    /* MACs per range claimed (~3 us) */
+#define RANGE_WORK (1 << 17)    /* MACs per range claimed (~3 us): few claims, and no long last range */
 
 /* grouped convs (depthwise...): chunk = one group, its planes built into this thread's scratch
  * and used at once while they are in cache */
@@ -320,8 +320,8 @@ int torq_conv_f32(const float *x, float *out, const float *w, const float *bias,
             torq_parallel_for(g->nph * g->C, build_chunk, &j, nthreads);
         }
         const int64_t chunk = (int64_t)(g->rowtile ? g->OW : 16 * g->PV) * g->RO * g->Cg * g->T;
-        torq_parallel_ranges(g->G * j.nob * j.ntiles, chunk >= RANGE_WORK ? 1 : (int)(RANGE_WORK / chunk), conv_range, &j,
-                             nthreads);
+        torq_parallel_grain(g->G * j.nob * j.ntiles, chunk >= RANGE_WORK ? 1 : (int)(RANGE_WORK / chunk), conv_range, &j,
+                            nthreads);
     }
     return 0;
 }
@@ -433,8 +433,8 @@ int torq_matmul_f32(const float *A, const float *B, float *C, const float *bias,
     gjob j = {A, B, bias, C, M, K, N, (M + GRM - 1) / GRM, (N + 16 * GNV - 1) / (16 * GNV), bf16, sA, sB, sC, lo, hi,
               packed};
     const int64_t chunk = (int64_t)GRM * 16 * GNV * K;
-    torq_parallel_ranges(batch * j.nmb * j.nnb, chunk >= RANGE_WORK ? 1 : (int)(RANGE_WORK / chunk), gemm_range, &j,
-                         float_threads((int64_t)batch * M * N * K, nthreads));
+    torq_parallel_grain(batch * j.nmb * j.nnb, chunk >= RANGE_WORK ? 1 : (int)(RANGE_WORK / chunk), gemm_range, &j,
+                        float_threads((int64_t)batch * M * N * K, nthreads));
     return 0;
 }
 

@@ -165,7 +165,7 @@ int torq_dw_rows_f32(const float *x, float *out, const float *w, const float *bi
     dwjob j = {g, x, w, bias, out};
     const int64_t per_channel = (int64_t)g->OH * ((g->OW + 15) / 16) * g->T * g->sw;   /* ~ vector FMAs */
     const int grain = per_channel >= 2048 ? 1 : (int)(2048 / per_channel);           /* ranges of >= ~1-2 us */
-    torq_parallel_ranges(g->N * g->C, grain, dw_range, &j,
+    torq_parallel_grain(g->N * g->C, grain, dw_range, &j,
                          float_threads((int64_t)g->N * g->C * g->OH * g->OW * g->T, nthreads));
     return 0;
 }
