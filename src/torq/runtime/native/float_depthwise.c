@@ -31,20 +31,18 @@ static inline __mmask16 cols_in(int start, int W)
     return lane_mask(W - start) & (__mmask16)~lane_mask(-start);
 }
 
-/* the input columns of 16 outputs at one tap: x[start + s * lane] (s = 1 or 2), 0 outside (m:
- * the columns inside the image, cols_in, of the one or two 16-column loads) */
-static inline __attribute__((always_inline)) __m512 tap_cols(const float *row, int start, const __mmask16 *m,
-                                                             const int s)
+/* the input columns of 16 outputs at one tap: p[s * lane] (s = 1 or 2), 0 outside the image (m:
+ * the in-image lanes, cols_in, of the one or two 16-column loads; masked lanes are not read) */
+static inline __attribute__((always_inline)) __m512 tap_cols(const float *p, const __mmask16 *m, const int s)
 {
     if (s == 1)
-        return _mm512_maskz_loadu_ps(m[0], row + start);
+        return _mm512_maskz_loadu_ps(m[0], p);
     const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-    const __m512 a = _mm512_maskz_loadu_ps(m[0], row + start), b = _mm512_maskz_loadu_ps(m[1], row + start + 16);
-    return _mm512_permutex2var_ps(a, even, b);
+    return _mm512_permutex2var_ps(_mm512_maskz_loadu_ps(m[0], p), even, _mm512_maskz_loadu_ps(m[1], p + 16));
 }
 
 /* output rows [r0, r0 + RB) (those < OH stored) x columns [q0, q0 + 16 * NV) of one channel:
- * RB * NV independent accumulators (a 7x7 plane takes 4 rows at once, a 56-wide one 1 row) */
+ * RB * NV independent accumulators (a 7-wide plane takes 8 rows at once, a 56-wide one 2) */
 static inline __attribute__((always_inline)) void dw_block(const dwjob *j, const float *xc, const float *wc, float *oc,
                                                            __mmask16 m[][DNV][2], float bias, int r0, int q0,
                                                            const int RB, const int NV, const int s)
@@ -63,7 +61,7 @@ static inline __attribute__((always_inline)) void dw_block(const dwjob *j, const
                 const float *row = xc + (int64_t)y * g->W + q0 * s - g->pl + t;
                 const int inside = y >= 0 && y < g->H;
                 for (int v = 0; v < NV; v++) {
-                    const __m512 xv = inside ? tap_cols(row + 16 * v * s, 0, m[t][v], s) : _mm512_setzero_ps();
+                    const __m512 xv = inside ? tap_cols(row + 16 * v * s, m[t][v], s) : _mm512_setzero_ps();
                     acc[b][v] = _mm512_fmadd_ps(wv, xv, acc[b][v]);
                 }
             }
@@ -95,7 +93,7 @@ static inline __attribute__((always_inline)) void dw_block3(const dwjob *j, cons
         __m512 xv[3][NV];
         _Pragma("GCC unroll 32") for (int t = 0; t < 3; t++)
             _Pragma("GCC unroll 32") for (int v = 0; v < NV; v++)
-                xv[t][v] = inside ? tap_cols(row + 16 * v * s + t, 0, m[t][v], s) : _mm512_setzero_ps();
+                xv[t][v] = inside ? tap_cols(row + 16 * v * s + t, m[t][v], s) : _mm512_setzero_ps();
         _Pragma("GCC unroll 32") for (int i = 0; i < 3; i++) {
             const int bs = yy - i, b = bs / s;          /* output row b * s + i = yy */
             if (bs < 0 || bs % s || b >= RB)
