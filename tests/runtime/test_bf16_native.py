@@ -226,10 +226,11 @@ def test_depthwise_read_in_rows_adds_the_padding(isa, s, w):
        seed=st.integers(0, 2 ** 16))
 def test_binary_bit_exact(isa, n, op, bf16, seed):
     """add / sub / mul (16 lanes at a time, then the tail one by one): fl32(a op b), then bf16
-    RNE, on values with ties, infinities and NaNs among them."""
+    RNE, on values with ties, infinities, NaNs and subnormal results among them."""
     rng = np.random.default_rng(seed)
     a, b = (rng.standard_normal(n) * 4).astype(np.float32), (rng.standard_normal(n) * 4).astype(np.float32)
-    special = np.array([np.inf, -np.inf, np.nan, 0.0, -0.0, 1.0 + 2.0 ** -8, 3.0 * 2.0 ** -9], np.float32)
+    special = np.array([np.inf, -np.inf, np.nan, 0.0, -0.0, 1.0 + 2.0 ** -8, 3.0 * 2.0 ** -9,
+                        2.0 ** -64, -3 * 2.0 ** -67, 3 * 2.0 ** -131, 2.0 ** -126], np.float32)   # subnormal results
     for arr in (a, b):
         k = rng.integers(0, n, n // 4)
         arr[k] = rng.choice(special, k.size)
@@ -241,3 +242,16 @@ def test_binary_bit_exact(isa, n, op, bf16, seed):
     want = M.bf16(y) if bf16 else y
     assert np.array_equal(np.isnan(out), np.isnan(want))
     assert np.array_equal(out.view(np.uint32)[~np.isnan(out)], want.view(np.uint32)[~np.isnan(want)])
+
+
+def test_binary_rounds_subnormal_results(isa):
+    """Products in the subnormal range round on their bits like any other value (a conversion
+    that flushes subnormals to zero, as AVX512-BF16's does, must not be taken for them)."""
+    a = (2.0 ** -64 * (1 + np.arange(32) / 37)).astype(np.float32)
+    b = np.full(32, 2.0 ** -66 * 1.37, np.float32)         # products ~2^-130: bf16 subnormals
+    out = np.empty(32, np.float32)
+    native.library().torq_binary_f32(a.ctypes.data, b.ctypes.data, out.ctypes.data, 32, float_ops.BINARY_OPS["mul"],
+                                     1, 1)
+    want = M.bf16(a * b)
+    assert np.all(want != 0) and np.all(np.abs(want) < np.finfo(np.float32).tiny)
+    assert np.array_equal(out.view(np.uint32), want.view(np.uint32))
