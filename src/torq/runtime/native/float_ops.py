@@ -117,10 +117,10 @@ class FloatConv:
         return self.geoms[key]
 
     def _geometry(self, shape, direct_ok):
-        """Depthwise layers of stride 2, 3x3 ones and those with rows of <= 16 outputs read their
+        """Depthwise layers of stride 2 (kernels up to 5x5) and 3x3 ones of stride 1 read their
         input rows in place (float_depthwise.c, ``dwrows``): measured 1.2-2x faster there than
-        building the padded phase planes (1 thread, MobileNetV2's layers); other wide stride-1
-        kernels stay on the planes (15-30 % faster there: unmasked loads)."""
+        building the padded phase planes (1 thread; MobileNetV2's and 5x5 layers); larger
+        stride-1 kernels stay on the planes (7x7 on a 7x7 map: 1.7x faster there)."""
         if len(shape) != 4:
             return None
         n, c, h, w = shape
@@ -142,12 +142,14 @@ class FloatConv:
                             for r, q in taps], np.int64)
         ph_ab = np.array(phases, np.int32).reshape(-1)
         packed, ro = self._pack(groups)
+        small = max(self.kh, self.kw) <= 5
+        dwrows = groups == c == self.O and self.cg == 1 and (dh, dw) == (1, 1) and (
+            sh == sw == 2 and small or sh == sw == 1 and self.kh == self.kw == 3)
         g = TorqFgeom(n, c, h, w, groups, self.cg, self.O // groups, oh, ow, len(taps), len(phases), rows, wq,
                       sh, sw, pt, pl, (oh - 1) * wq + ow, ro, 8 if ro == 1 else 4, int(direct), int(self.bf16),
                       int(ro == 1 and 14 <= ow <= 128),
                       self.lo, self.hi, plane, phstride, ph_ab.ctypes.data, tap_off.ctypes.data, self.kh, self.kw,
-                      int(groups == c and self.cg == 1 and self.O == c and (dh, dw) == (1, 1) and self.kw <= 16
-                          and (sh == sw == 2 or sh == sw == 1 and (ow <= 16 or self.kh == self.kw == 3))))
+                      int(dwrows))
         return (g, ctypes.pointer(g), ph_ab, tap_off, packed, packed.ctypes.data), (n, self.O, oh, ow)
 
     def __call__(self, x):

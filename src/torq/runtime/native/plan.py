@@ -123,7 +123,8 @@ class _Segment:
         # two operands from outside at one address could part later: such steps stay in Python
         self.aliased = len({addr for _, _, addr in self.inputs}) < len(self.inputs)
         # a float conv reading its input in place (no padding, stride 1) reads SLACK floats past it
-        direct = {int(c[0]) for _, calls, _, _ in run for name, c in calls if name == "torq_conv_f32" and c[4].contents.direct}
+        direct = {int(c[0]) for _, calls, _, _ in run for name, c in calls
+                  if name == "torq_conv_f32" and c[4].contents.direct}
         self.inputs = [(slot, a, addr, self._where(addr), addr in direct) for slot, a, addr in self.inputs]
 
     def _where(self, addr: int):
