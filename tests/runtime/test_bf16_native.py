@@ -164,3 +164,95 @@ def test_threads_split_large_jobs_bit_exact(isa, depthwise, monkeypatch):
         set_threads(threads)
         got = float_ops._matmul(native.library(), _Outputs(), xm, ym, None, -math.inf, math.inf, True)
         assert np.array_equal(got, want), threads
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_depthwise_read_in_rows_bit_exact(isa, data):
+    """Depthwise layers of stride 2 (kernels to 5x5) and 3x3 ones of stride 1 (any width: several
+    64-column tiles) read the input rows in place (float_depthwise.c, geometry ``dwrows``): the
+    reference engine's bits, with an infinite weight now and then (a padded tap must still add
+    inf * 0 = NaN)."""
+    from torq.runtime.kernels import float_gemm
+    d = data.draw
+    s = d(st.sampled_from([1, 2]))
+    kh, kw = d(st.integers(1, 5)), d(st.integers(1, 5))
+    pad = [d(st.integers(0, 2)) for _ in range(4)]
+    n, c, h = d(st.integers(1, 2)), d(st.integers(1, 12)), d(st.integers(1, 12))
+    kh, kw = (3, 3) if s == 1 or d(st.booleans()) else (kh, kw)   # (3x3: float_depthwise.c reuses input rows)
+    w = d(st.integers(1, 170))
+    oh, ow = (h + pad[2] + pad[3] - kh) // s + 1, (w + pad[0] + pad[1] - kw) // s + 1
+    if oh < 1 or ow < 1:
+        return
+    rng = np.random.default_rng(d(st.integers(0, 2 ** 16)))
+    x, wt, b = bf(rng, (n, c, h, w), 3.0), bf(rng, (c, 1, kh, kw)), rng.standard_normal(c).astype(np.float32)
+    if d(st.booleans()):
+        wt[rng.integers(c), 0, rng.integers(kh), rng.integers(kw)] = np.inf
+    attrs = {"groups": c, "pad": pad, "stride": [s, s], "dilation": [1, 1], "output_min": bf16_arith.F32_MIN_BITS,
+             "output_max": bf16_arith.F32_MAX_BITS}
+    set_threads(d(st.integers(1, 2)))
+    elem = d(st.sampled_from(["bf16", "f32"]))          # f32 results show the accumulation order
+    conv = float_ops.FloatConv(wt, b, attrs, True, elem == "bf16")
+    got = conv(x)
+    assert all(geo[0][0].dwrows for geo in conv.geoms.values())       # (the portable build ignores it)
+    with np.errstate(invalid="ignore"):
+        acc = float_gemm.conv_acc(x, wt, pad, [s, s], [1, 1], c)
+        want = bf16_arith.finish(acc, b[None, :, None, None], -np.inf, np.inf, elem)
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+@pytest.mark.parametrize("s,w", [(1, 12), (2, 70)])
+def test_depthwise_read_in_rows_adds_the_padding(isa, s, w):
+    """An infinite weight on the corner tap: the outputs whose tap falls on the padding (top row,
+    left column) are inf * 0 = NaN in the model, as with zero-filled planes; skipped taps would
+    leave them finite."""
+    from torq.runtime.kernels import float_gemm
+    rng = np.random.default_rng(11)
+    x, wt, b = bf(rng, (1, 2, 9, w)), bf(rng, (2, 1, 3, 3)), np.zeros(2, np.float32)
+    wt[1, 0, 0, 0] = np.inf
+    attrs = {"groups": 2, "pad": [1, 1, 1, 1], "stride": [s, s], "dilation": [1, 1],
+             "output_min": bf16_arith.F32_MIN_BITS, "output_max": bf16_arith.F32_MAX_BITS}
+    conv = float_ops.FloatConv(wt, b, attrs, True, True)
+    got = conv(x)
+    assert all(geo[0][0].dwrows for geo in conv.geoms.values())
+    with np.errstate(invalid="ignore"):
+        want = bf16_arith.finish(float_gemm.conv_acc(x, wt, attrs["pad"], [s, s], [1, 1], 2), b[None, :, None, None],
+                                 -np.inf, np.inf, "bf16")
+    assert np.isnan(want[0, 1, 0]).all() and np.isnan(want[0, 1, :, 0]).all()
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(n=st.integers(1, 200), op=st.sampled_from(sorted(float_ops.BINARY_OPS)), bf16=st.booleans(),
+       seed=st.integers(0, 2 ** 16))
+def test_binary_bit_exact(isa, n, op, bf16, seed):
+    """add / sub / mul (16 lanes at a time, then the tail one by one): fl32(a op b), then bf16
+    RNE, on values with ties, infinities, NaNs and subnormal results among them."""
+    rng = np.random.default_rng(seed)
+    a, b = (rng.standard_normal(n) * 4).astype(np.float32), (rng.standard_normal(n) * 4).astype(np.float32)
+    special = np.array([np.inf, -np.inf, np.nan, 0.0, -0.0, 1.0 + 2.0 ** -8, 3.0 * 2.0 ** -9,
+                        2.0 ** -64, -3 * 2.0 ** -67, 3 * 2.0 ** -131, 2.0 ** -126], np.float32)   # subnormal results
+    for arr in (a, b):
+        k = rng.integers(0, n, n // 4)
+        arr[k] = rng.choice(special, k.size)
+    out = np.empty(n, np.float32)
+    native.library().torq_binary_f32(a.ctypes.data, b.ctypes.data, out.ctypes.data, n, float_ops.BINARY_OPS[op],
+                                     int(bf16), 1)
+    with np.errstate(all="ignore"):
+        y = {"add": np.add, "sub": np.subtract, "mul": np.multiply}[op](a, b)
+    want = M.bf16(y) if bf16 else y
+    assert np.array_equal(np.isnan(out), np.isnan(want))
+    assert np.array_equal(out.view(np.uint32)[~np.isnan(out)], want.view(np.uint32)[~np.isnan(want)])
+
+
+def test_binary_rounds_subnormal_results(isa):
+    """Products in the subnormal range round on their bits like any other value (a conversion
+    that flushes subnormals to zero, as AVX512-BF16's does, must not be taken for them)."""
+    a = (2.0 ** -64 * (1 + np.arange(32) / 37)).astype(np.float32)
+    b = np.full(32, 2.0 ** -66 * 1.37, np.float32)         # products ~2^-130: bf16 subnormals
+    out = np.empty(32, np.float32)
+    native.library().torq_binary_f32(a.ctypes.data, b.ctypes.data, out.ctypes.data, 32, float_ops.BINARY_OPS["mul"],
+                                     1, 1)
+    want = M.bf16(a * b)
+    assert np.all(want != 0) and np.all(np.abs(want) < np.finfo(np.float32).tiny)
+    assert np.array_equal(out.view(np.uint32), want.view(np.uint32))

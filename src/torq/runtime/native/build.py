@@ -26,9 +26,10 @@ import threading
 from pathlib import Path
 
 _HERE = Path(__file__).resolve().parent
-_UNITS = (_HERE / "conv.c", _HERE / "depthwise.c", _HERE / "eltwise.c", _HERE / "float_conv.c", _HERE / "float_eltwise.c",
+_UNITS = (_HERE / "conv.c", _HERE / "depthwise.c", _HERE / "eltwise.c", _HERE / "float_conv.c", _HERE / "float_depthwise.c",
+          _HERE / "float_eltwise.c",
           _HERE / "plan.c", _HERE / "pool.c")
-SOURCES = (*_UNITS, _HERE / "common.h", _HERE / "pool.h", _HERE.parent.parent / "numerics" / "bf16.h",
+SOURCES = (*_UNITS, _HERE / "common.h", _HERE / "pool.h", _HERE / "float_conv.h", _HERE.parent.parent / "numerics" / "bf16.h",
            _HERE.parent.parent / "numerics" / "act.h")
 _BASE_FLAGS = ["-O3", "-std=gnu11", "-fPIC", "-shared", "-pthread", "-ffp-contract=off", "-fno-strict-aliasing"]
 
@@ -62,7 +63,9 @@ class TorqFgeom(ctypes.Structure):
         "N", "C", "H", "W", "G", "Cg", "Og", "OH", "OW", "T", "nph", "rows", "Wq", "sh", "sw", "pt", "pl", "L",
         "RO", "PV", "direct", "bf16", "rowtile")] + [("lo", ctypes.c_float), ("hi", ctypes.c_float),
                                           ("cstride", ctypes.c_int64), ("phstride", ctypes.c_int64),
-                                          ("ph_ab", ctypes.c_void_p), ("tap_off", ctypes.c_void_p)]
+                                          ("ph_ab", ctypes.c_void_p), ("tap_off", ctypes.c_void_p),
+                                          ("kh", ctypes.c_int32), ("kw", ctypes.c_int32), ("dwrows", ctypes.c_int32),
+                                          ("pad_", ctypes.c_int32)]
 
 
 def isa() -> str:
@@ -178,14 +181,15 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.torq_add_i8.argtypes = [p, p, p, ctypes.c_long] + [i] * 8
     lib.torq_gap_i8.argtypes = [p, p, ctypes.c_long, ctypes.c_long, i, ctypes.c_int64] + [i] * 6 + [ctypes.c_float]
     lib.torq_maxpool_i8.argtypes = [p, p, i, p, i]
-    lib.torq_run_calls.argtypes = [p, i, i, p]
+    lib.torq_run_calls.argtypes = [p, i, i, i, p]
     lib.torq_conv_f32.argtypes = [p, p, p, p, ctypes.POINTER(TorqFgeom), i]
     lib.torq_matmul_f32.argtypes = [p, p, p, p] + [i] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_float] * 2 + [i, i, i]
     lib.torq_binary_f32.argtypes = [p, p, p, ctypes.c_long, i, i, i]
     lib.torq_lut16_f32.argtypes = [p, p, p, ctypes.c_long, i]
     lib.torq_maxpool_f32.argtypes = [p, p, i, i, i, p, i]
+    lib.torq_gap_f32.argtypes = [p, p, ctypes.c_long, ctypes.c_long, i, i]
     for fn in (lib.torq_run_calls, lib.torq_conv_f32, lib.torq_matmul_f32, lib.torq_float_features, lib.torq_binary_f32,
-               lib.torq_lut16_f32, lib.torq_maxpool_f32, lib.torq_conv_i8, lib.torq_conv_amx_i8, lib.torq_dw_i8, lib.torq_fc_i8,
+               lib.torq_lut16_f32, lib.torq_maxpool_f32, lib.torq_gap_f32, lib.torq_conv_i8, lib.torq_conv_amx_i8, lib.torq_dw_i8, lib.torq_fc_i8,
                lib.torq_requant_i8,
                lib.torq_features, lib.torq_amx_init, lib.torq_add_i8, lib.torq_gap_i8, lib.torq_maxpool_i8):
         fn.restype = i

@@ -19,6 +19,7 @@
 #include <string.h>
 #include "bf16.h"
 #include "common.h"
+#include "float_conv.h"
 
 #define SLACK 128       /* floats readable past a plane's end (16 * the largest PV) */
 #define WPREF 384       /* weights prefetched this many floats ahead (a weight block streams once per tile) */
@@ -26,19 +27,6 @@
 #define GRM 4           /* rows per register tile (matmul) */
 #define GNV 4           /* 16-column vectors per register tile (matmul) */
 
-typedef struct {
-    int32_t N, C, H, W, G, Cg, Og, OH, OW, T;
-    int32_t nph, rows, Wq, sh, sw, pt, pl;
-    int32_t L;                      /* wide pixels computed: (OH - 1) * Wq + OW */
-    int32_t RO, PV;                 /* weight block (channels), 16-pixel vectors per tile */
-    int32_t direct;                 /* the input is the plane (no padding, stride 1) */
-    int32_t bf16;
-    int32_t rowtile;                /* a tile is one output row (depthwise: no wide columns to drop) */
-    float lo, hi;
-    int64_t cstride, phstride;      /* floats between channel planes / between phases */
-    const int32_t *ph_ab;           /* [nph][2] row / column residue of each phase */
-    const int64_t *tap_off;         /* [T] offset of the tap from the plane base */
-} torq_fgeom;
 
 typedef struct {
     const torq_fgeom *g;
@@ -273,6 +261,17 @@ static void conv_chunk(void *ctx, int i)
     conv_tile(j, j->planes + (int64_t)grp * j->g->Cg * j->g->cstride, grp, ob, tile);
 }
 
+/* chunks [i0, i1): threads claim ranges of chunks, not single ones -- a 1x1 conv with a short K has
+ * chunks of ~0.2 us (16 -> 96 channels at 112x112: 3136 of them), and two threads claiming each
+ * one from the pool's shared counter spend more time passing its cache line than computing */
+static void conv_range(void *ctx, int i0, int i1)
+{
+    for (int i = i0; i < i1; i++)
+        conv_chunk(ctx, i);
+}
+
+#define RANGE_WORK (1 << 17)    /* MACs per range claimed (~3 us): few claims, and no long last range */
+
 /* grouped convs (depthwise...): chunk = one group, its planes built into this thread's scratch
  * and used at once while they are in cache */
 static void group_chunk(void *ctx, int grp)
@@ -293,6 +292,10 @@ static void group_chunk(void *ctx, int grp)
 int torq_conv_f32(const float *x, float *out, const float *w, const float *bias, const torq_fgeom *g,
                   int nthreads)
 {
+#if TORQ_F512
+    if (g->dwrows)
+        return torq_dw_rows_f32(x, out, w, bias, g, nthreads);
+#endif
     fjob j = {g, NULL, w, bias, NULL, NULL, 0, (g->Og + g->RO - 1) / g->RO, 0};
     j.ntiles = g->rowtile ? g->OH : (g->L + 16 * g->PV - 1) / (16 * g->PV);
     j.tiles_fastest = g->Cg * g->T <= 32 || (int64_t)g->G * g->Og * g->Cg * g->T > (int64_t)g->C * g->cstride * g->nph;
@@ -316,7 +319,9 @@ int torq_conv_f32(const float *x, float *out, const float *w, const float *bias,
             j.planes = planes;
             torq_parallel_for(g->nph * g->C, build_chunk, &j, nthreads);
         }
-        torq_parallel_for(g->G * j.nob * j.ntiles, conv_chunk, &j, nthreads);
+        const int64_t chunk = (int64_t)(g->rowtile ? g->OW : 16 * g->PV) * g->RO * g->Cg * g->T;
+        torq_parallel_grain(g->G * j.nob * j.ntiles, chunk >= RANGE_WORK ? 1 : (int)(RANGE_WORK / chunk), conv_range, &j,
+                            nthreads);
     }
     return 0;
 }
@@ -413,6 +418,12 @@ static void gemm_chunk(void *ctx, int i)
 #endif
 }
 
+static void gemm_range(void *ctx, int i0, int i1)
+{
+    for (int i = i0; i < i1; i++)
+        gemm_chunk(ctx, i);
+}
+
 /* C[b] = finish(A[b] [M, K] @ B[b] [K, N] + bias [N]) for b < batch (batch strides in floats;
  * 0 broadcasts an operand); bias may be NULL; a packed B (one weight, sB = 0) is in 64-column
  * panels, zero-padded to a multiple of 64 columns */
@@ -421,7 +432,9 @@ int torq_matmul_f32(const float *A, const float *B, float *C, const float *bias,
 {
     gjob j = {A, B, bias, C, M, K, N, (M + GRM - 1) / GRM, (N + 16 * GNV - 1) / (16 * GNV), bf16, sA, sB, sC, lo, hi,
               packed};
-    torq_parallel_for(batch * j.nmb * j.nnb, gemm_chunk, &j, float_threads((int64_t)batch * M * N * K, nthreads));
+    const int64_t chunk = (int64_t)GRM * 16 * GNV * K;
+    torq_parallel_grain(batch * j.nmb * j.nnb, chunk >= RANGE_WORK ? 1 : (int)(RANGE_WORK / chunk), gemm_range, &j,
+                        float_threads((int64_t)batch * M * N * K, nthreads));
     return 0;
 }
 

@@ -6,6 +6,9 @@
  *                                                  numerics/bf16.h)
  *   torq_lut16_f32    out = table[bits(x) >> 16]   (a one-input bf16 body: the 65536 results the
  *                                                  reference computed by its nodes)
+ *   torq_gap_f32      a global average pool (float_ops._avgpool with the window = the plane):
+ *                     acc = +0, acc = fl32(acc + x) over the plane in row-major order, then
+ *                     fl32(acc / HW), then the step's type (bf16 RNE or f32)
  *   torq_maxpool_f32  kernels.maxpool: padding is -inf; the max over the kernel's columns, then
  *                     over its rows, each fold max(r, s) = (r >= s || r is NaN) ? r : s (numpy's
  *                     maximum)
@@ -29,7 +32,15 @@ static void binary_chunk(void *ctx, int c)
 {
     const ejob *j = ctx;
     const long i0 = (long)c * ECHUNK, i1 = i0 + ECHUNK < j->n ? i0 + ECHUNK : j->n;
-    for (long i = i0; i < i1; i++) {
+    long i = i0;
+#if TORQ_F512                       /* the same IEEE operation and rounding, 16 lanes at a time */
+    for (; i + 16 <= i1; i += 16) {
+        const __m512 a = _mm512_loadu_ps(j->a + i), b = _mm512_loadu_ps(j->b + i);
+        const __m512 y = j->op == 0 ? _mm512_add_ps(a, b) : (j->op == 1 ? _mm512_sub_ps(a, b) : _mm512_mul_ps(a, b));
+        _mm512_storeu_ps(j->out + i, j->bf16 ? torq_bf16_x16(y) : y);
+    }
+#endif
+    for (; i < i1; i++) {
         const float y = j->op == 0 ? j->a[i] + j->b[i] : (j->op == 1 ? j->a[i] - j->b[i] : j->a[i] * j->b[i]);
         j->out[i] = j->bf16 ? torq_bf16(y) : y;
     }
@@ -141,5 +152,40 @@ int torq_maxpool_f32(const float *x, float *out, int planes, int H, int W, const
     mjob m = {x, out, H, W, geo[8], geo[9], geo[0], geo[1], geo[2], geo[3], geo[4], geo[5], geo[6], geo[7]};
     torq_parallel_for(planes, maxpool_chunk, &m,
                       float_threads((int64_t)planes * m.OH * m.OW * m.kh * m.kw, nthreads));
+    return 0;
+}
+
+/* ------------------------------------------------------------------ global average pool */
+
+#define GAP_LANES 16    /* planes summed side by side: independent chains, same order per plane */
+
+typedef struct {
+    const float *x;
+    float *out;
+    long planes, hw;
+    int bf16;
+} gapjob;
+
+static void gap_chunk(void *ctx, int c)
+{
+    const gapjob *g = ctx;
+    const long p0 = (long)c * GAP_LANES, np = g->planes - p0 < GAP_LANES ? g->planes - p0 : GAP_LANES;
+    float acc[GAP_LANES] = {0};
+    const float *x = g->x + p0 * g->hw;
+    for (long i = 0; i < g->hw; i++)
+        for (long l = 0; l < np; l++)
+            acc[l] += x[l * g->hw + i];
+    const float n = (float)g->hw;
+    for (long l = 0; l < np; l++) {
+        const float y = acc[l] / n;
+        g->out[p0 + l] = g->bf16 ? torq_bf16(y) : y;
+    }
+}
+
+/* x [planes, hw] -> out [planes]: each plane's mean, as the reference's window sum and division */
+int torq_gap_f32(const float *x, float *out, long planes, long hw, int bf16, int nthreads)
+{
+    gapjob g = {x, out, planes, hw, bf16};
+    torq_parallel_for((int)((planes + GAP_LANES - 1) / GAP_LANES), gap_chunk, &g, float_threads(planes * hw, nthreads));
     return 0;
 }

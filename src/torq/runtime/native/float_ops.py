@@ -20,7 +20,8 @@ from ... import numerics
 from ..kernels.float_gemm import conv_out_hw
 from ..kernels.gemm import _pads
 from ..ops import _cached_plan
-from .build import TorqFgeom, library
+from .build import TorqFgeom
+from .plan import kernels
 from .ops import _Outputs, _address
 from .ops import _threads as _run_threads
 
@@ -48,12 +49,15 @@ def _out(outputs: _Outputs, shape) -> tuple[np.ndarray, int]:
 
 
 def _threads() -> int:
-    """The run's thread count, or 1 on an oversubscribed host (1-min load >= cores + 2: other
+    return load_aware(_run_threads())
+
+
+def load_aware(n: int) -> int:
+    """``n`` threads, or 1 on an oversubscribed host (1-min load >= cores + 2: other
     work holds the cores, a helper thread is often not running, and every step then waits for
     the chunk it claimed -- measured at load 5-9 on 2 vCPUs: MobileNetV2 b1 28.6 ms wall on 2
     threads vs 16.1 ms CPU on one; ResNet-18 94 vs 48 ms). A run of its own on a quiet host
     (load <= ~2) keeps every thread. Results are the same bits either way."""
-    n = _run_threads()
     if n > 1 and os.getloadavg()[0] >= (os.cpu_count() or 1) + 2:
         return 1
     return n
@@ -92,7 +96,7 @@ class FloatConv:
         self.packs: dict = {}
         self.geoms: dict = {}
         self.outputs = _Outputs()
-        self.lib = library()
+        self.lib = kernels()
 
     def _pack(self, groups: int) -> tuple:
         if groups not in self.packs:
@@ -113,6 +117,10 @@ class FloatConv:
         return self.geoms[key]
 
     def _geometry(self, shape, direct_ok):
+        """Depthwise layers of stride 2 (kernels up to 5x5) and 3x3 ones of stride 1 read their
+        input rows in place (float_depthwise.c, ``dwrows``): measured 1.2-2x faster there than
+        building the padded phase planes (1 thread; MobileNetV2's and 5x5 layers); larger
+        stride-1 kernels stay on the planes (7x7 on a 7x7 map: 1.7x faster there)."""
         if len(shape) != 4:
             return None
         n, c, h, w = shape
@@ -134,11 +142,15 @@ class FloatConv:
                             for r, q in taps], np.int64)
         ph_ab = np.array(phases, np.int32).reshape(-1)
         packed, ro = self._pack(groups)
+        small = max(self.kh, self.kw) <= 5
+        dwrows = groups == c == self.O and self.cg == 1 and (dh, dw) == (1, 1) and (
+            sh == sw == 2 and small or sh == sw == 1 and self.kh == self.kw == 3)
         g = TorqFgeom(n, c, h, w, groups, self.cg, self.O // groups, oh, ow, len(taps), len(phases), rows, wq,
                       sh, sw, pt, pl, (oh - 1) * wq + ow, ro, 8 if ro == 1 else 4, int(direct), int(self.bf16),
                       int(ro == 1 and 14 <= ow <= 128),
-                      self.lo, self.hi, plane, phstride, ph_ab.ctypes.data, tap_off.ctypes.data)
-        return (g, ctypes.byref(g), ph_ab, tap_off, packed, packed.ctypes.data), (n, self.O, oh, ow)
+                      self.lo, self.hi, plane, phstride, ph_ab.ctypes.data, tap_off.ctypes.data, self.kh, self.kw,
+                      int(dwrows))
+        return (g, ctypes.pointer(g), ph_ab, tap_off, packed, packed.ctypes.data), (n, self.O, oh, ow)
 
     def __call__(self, x):
         x = _c(x)
@@ -186,6 +198,12 @@ def _matmul(lib, outputs, x, y, bias, lo, hi, bf16, panels=None):
     return out
 
 
+def _shaped(out: np.ndarray, shape) -> np.ndarray:
+    """out as ``shape``: the buffer itself when it has that shape (a recorded run replays only
+    steps whose result is their buffer or a view of it; a view's base is the memory's owner)."""
+    return out if out.shape == tuple(shape) else out.reshape(shape)
+
+
 def _conv_step(st, reference):
     a, depthwise = st.attrs, st.op.endswith("depthwise_conv2d")
     plan = _cached_plan(lambda w, b: FloatConv(w, b, a, depthwise, st.dtype == "bf16"))
@@ -196,7 +214,7 @@ def _conv_step(st, reference):
         out = plan(w, bias)(x) if x.dtype.kind == "f" else None
         if out is None:
             return reference(args, rounding)
-        return out if out.shape == shape else out.reshape(shape)
+        return _shaped(out, shape)
     return fn
 
 
@@ -204,7 +222,7 @@ def _fc_step(st, reference):
     lo, hi = _clamp(st.attrs)
     plan = _cached_plan(lambda w, b: (np.shape(w)[::-1], np.ascontiguousarray(np.asarray(b, _F32).reshape(-1)),
                                       pack_panels(np.asarray(w, _F32).T)))
-    lib, outputs = library(), _Outputs()
+    lib, outputs = kernels(), _Outputs()
 
     def fn(args, rounding):
         w, bias, x = args
@@ -212,40 +230,50 @@ def _fc_step(st, reference):
         if x.dtype.kind != "f" or x.shape[-1] != k or b.size != n:
             return reference(args, rounding)
         out = _matmul(lib, outputs, x.reshape(-1, k), np.empty((k, n), _F32), b, lo, hi, st.dtype == "bf16", panels)
-        return out.reshape(st.shape)
+        return _shaped(out, st.shape)
     return fn
 
 
 def _matmul_step(st, reference):
     lo, hi = _clamp(st.attrs)
-    lib, outputs = library(), _Outputs()
+    lib, outputs = kernels(), _Outputs()
 
     def fn(args, rounding):
         x, y = args
         if x.dtype.kind != "f" or y.dtype.kind != "f" or x.ndim < 2 or y.ndim < 2 or x.shape[-1] != y.shape[-2]:
             return reference(args, rounding)
-        return _matmul(lib, outputs, x, y, None, lo, hi, st.dtype == "bf16").reshape(st.shape)
+        return _shaped(_matmul(lib, outputs, x, y, None, lo, hi, st.dtype == "bf16"), st.shape)
     return fn
 
 
+def _flat(spec, shape) -> bool:
+    """Whether an operand laid by ``spec`` has the output's elements in the output's flat order
+    (its axes in order; the output's axes it lacks are of size 1): a (1000,) bias on (1, 1000)."""
+    dims = [d for d in spec if d >= 0]
+    return dims == sorted(set(dims)) and all(shape[d] == 1 for d in range(len(shape)) if d not in dims)
+
+
 def _elementwise_step(st, reference):
-    """An add / sub / mul of two same-shaped operands, or a one-input bf16 body the reference runs
-    as its 65536-entry table; other bodies stay on the reference kernel (None)."""
+    """An add / sub / mul of two operands holding the output's elements in its order, or a
+    one-input bf16 body the reference runs as its 65536-entry table; other bodies stay on the
+    reference kernel (None)."""
     from ..float_ops import bf16_table, elementwise_parts
     types, nodes, _, specs = elementwise_parts(st)
     shape, ident = tuple(int(d) for d in st.shape), list(range(len(st.shape)))
-    lib, outputs = library(), _Outputs()
-    if len(nodes) == 1 and nodes[0][0] in BINARY_OPS and nodes[0][2] == ["a0", "a1"] and specs == [ident, ident] \
-            and nodes[0][1] in ("bf16", "f32"):
+    lib, outputs = kernels(), _Outputs()
+    size = int(np.prod(shape))
+    if len(nodes) == 1 and nodes[0][0] in BINARY_OPS and nodes[0][2] == ["a0", "a1"] and len(specs) == 2 \
+            and all(_flat(sp, shape) for sp in specs) and nodes[0][1] in ("bf16", "f32"):
         bf16, op = int(nodes[0][1] == "bf16"), BINARY_OPS[nodes[0][0]]
+        ndims = [len(sp) for sp in specs]
 
         def add(args, rounding):
             a, b = args
-            if a.shape != shape or b.shape != shape or a.dtype != _F32 or b.dtype != _F32:
+            if [a.ndim, b.ndim] != ndims or a.size != size or b.size != size or a.dtype != _F32 or b.dtype != _F32:
                 return reference(args, rounding)
             a, b = _c(a), _c(b)
             out, addr = _out(outputs, shape)
-            lib.torq_binary_f32(_address(a), _address(b), addr, a.size, op, bf16, _threads())
+            lib.torq_binary_f32(_address(a), _address(b), addr, size, op, bf16, _threads())
             return out
         return add
     table = bf16_table(st, np.float32) if int(np.prod(shape)) >= 4096 and specs == [ident] else None
@@ -268,7 +296,7 @@ def _maxpool_step(st, reference):
     a = st.attrs
     (kh, kw), (sh, sw), (dh, dw) = (np.broadcast_to(np.asarray(a[k], int), (2,)) for k in ("kernel", "stride", "dilation"))
     pl, pr, pt, pb = _pads(list(a["pad"]))
-    lib, outputs = library(), _Outputs()
+    lib, outputs, geos = kernels(), _Outputs(), {}
 
     def fn(args, rounding):
         (x,) = args
@@ -279,7 +307,9 @@ def _maxpool_step(st, reference):
         if (n, c, oh, ow) != tuple(st.shape) or min(pl, pr, pt, pb) < 0:
             return reference(args, rounding)
         x = _c(x)
-        geo = np.array([kh, kw, sh, sw, dh, dw, pt, pl, oh, ow], np.int32)
+        geo = geos.get((oh, ow))        # kept: a recorded run (plan.py) replays its address
+        if geo is None:
+            geo = geos[oh, ow] = np.array([kh, kw, sh, sw, dh, dw, pt, pl, oh, ow], np.int32)
         out, addr = _out(outputs, (n, c, oh, ow))
         lib.torq_maxpool_f32(_address(x), addr, n * c, h, w, geo.ctypes.data, _threads())
         return out
@@ -287,25 +317,24 @@ def _maxpool_step(st, reference):
 
 
 def _avgpool_step(st, reference):
-    """A global average pool (the window is the whole unpadded plane) as ones[1, HW] @ x^T: one
-    lane per plane adding its HW values in row-major order, as the model's window sum does;
-    then the fp32 division and the one rounding of the reference kernel. Other pools: None."""
+    """A global average pool (the window is the whole unpadded plane): float_eltwise.c's
+    torq_gap_f32, the reference's row-major fp32 window sum, fp32 division and one rounding.
+    Other pools: None."""
     a = st.attrs
-    if any(int(p) for p in a["pad"]):
+    if any(int(p) for p in a["pad"]) or st.dtype not in ("bf16", "f32"):
         return None
     kernel = [int(v) for v in a["kernel"]]
-    lib, outputs = library(), _Outputs()
+    lib, outputs = kernels(), _Outputs()
 
     def fn(args, rounding):
         (x,) = args
         if x.ndim != 4 or x.dtype != _F32 or list(x.shape[2:]) != kernel:
             return reference(args, rounding)
         n, c, h, w = x.shape
-        xt = np.ascontiguousarray(x.reshape(n * c, h * w).T)
-        acc = _matmul(lib, outputs, np.ones((1, h * w), _F32), xt, None, -np.inf, np.inf, False)
-        with np.errstate(all="ignore"):
-            y = acc / _F32(h * w)
-        return numerics.bf16_arith.round_to(y, st.dtype).reshape(st.shape)
+        x = _c(x)
+        out, addr = _out(outputs, (n, c, 1, 1))
+        lib.torq_gap_f32(_address(x), addr, n * c, h * w, int(st.dtype == "bf16"), _threads())
+        return _shaped(out, st.shape)
     return fn
 
 
@@ -317,7 +346,7 @@ def _reduce_step(st, reference):
     if a["mode"] not in ("sum", "mean"):
         return None
     dims = sorted(int(d) for d in a["dims"])
-    lib, outputs = library(), _Outputs()
+    lib, outputs = kernels(), _Outputs()
 
     def fn(args, rounding):
         (x,) = args

@@ -23,8 +23,12 @@ from .build import library
 # C entry point: (kind in plan.c, positions of the data operands, position of the output)
 SPECS = {"torq_conv_i8": (1, (0,), 1), "torq_conv_amx_i8": (2, (0,), 1), "torq_dw_i8": (3, (0,), 1),
          "torq_fc_i8": (4, (0,), 1), "torq_add_i8": (5, (0, 1), 2), "torq_gap_i8": (6, (0,), 1),
-         "torq_maxpool_i8": (7, (0,), 1)}
-WORDS = 16                               # int64 words per call: the kind, then 15 arguments
+         "torq_maxpool_i8": (7, (0,), 1), "torq_conv_f32": (8, (0,), 1), "torq_matmul_f32": (9, (0, 1), 2),
+         "torq_binary_f32": (10, (0, 1), 2), "torq_lut16_f32": (11, (0,), 2), "torq_maxpool_f32": (12, (0,), 1),
+         "torq_gap_f32": (13, (0,), 1), "torq_fc_f32": (14, (0,), 2)}
+PACKED_B = 14                            # torq_matmul_f32's argument: B is a packed weight (recorded as torq_fc_f32)
+FLOAT_CONV = 8
+WORDS = 17                               # int64 words per call: the kind, then 16 arguments
 _local = threading.local()
 
 
@@ -33,14 +37,15 @@ class Kernels:
 
     def __init__(self, lib):
         for name in SPECS:
-            setattr(self, name, _recorded(name, getattr(lib, name)))
+            if name != "torq_fc_f32":
+                setattr(self, name, _recorded(name, getattr(lib, name)))
 
 
 def _recorded(name, cfn):
     def call(*args):
         rec = getattr(_local, "recorder", None)
-        if rec is not None:
-            rec.calls.append((name, args))
+        if rec is not None:      # a matmul on a packed weight reads one data operand only
+            rec.calls.append(("torq_fc_f32" if name == "torq_matmul_f32" and args[PACKED_B] else name, args))
         return cfn(*args)
     return call
 
@@ -117,7 +122,10 @@ class _Segment:
             self.outputs.append((st.out, out))
         # two operands from outside at one address could part later: such steps stay in Python
         self.aliased = len({addr for _, _, addr in self.inputs}) < len(self.inputs)
-        self.inputs = [(slot, a, addr, self._where(addr)) for slot, a, addr in self.inputs]
+        # a float conv reading its input in place (no padding, stride 1) reads SLACK floats past it
+        direct = {int(c[0]) for _, calls, _, _ in run for name, c in calls
+                  if name == "torq_conv_f32" and c[4].contents.direct}
+        self.inputs = [(slot, a, addr, self._where(addr), addr in direct) for slot, a, addr in self.inputs]
 
     def _where(self, addr: int):
         """(rows, words) of the data operands of the calls that hold address addr."""
@@ -130,21 +138,23 @@ class _Segment:
                     words.append(1 + i)
         return np.array(rows, dtype=np.intp), np.array(words, dtype=np.intp)
 
-    def run(self, env: list, threads: int, lib, ns: np.ndarray | None = None) -> bool:
-        """Replay into env; False (nothing run) when an operand is not what was recorded.
-        ``ns``: int64 [n] receives each call's wall time in ns (profiling)."""
-        for k, (slot, last, addr, where) in enumerate(self.inputs):
+    def run(self, env: list, threads: int, fthreads: int, lib, ns: np.ndarray | None = None) -> bool:
+        """Replay into env (int8 kernels on ``threads``, float ones on ``fthreads``); False (nothing
+        run) when an operand is not what was recorded. ``ns``: int64 [n] receives each call's wall
+        time in ns (profiling)."""
+        from .float_ops import _slack_follows
+        for k, (slot, last, addr, where, slack) in enumerate(self.inputs):
             a = env[slot]
             if a is last:               # (held here: its memory cannot have moved)
                 continue
             if not (isinstance(a, np.ndarray) and a.shape == last.shape and a.dtype == last.dtype
-                    and a.flags.c_contiguous == last.flags.c_contiguous):
+                    and a.flags.c_contiguous == last.flags.c_contiguous) or (slack and not _slack_follows(a)):
                 return False
             new = _data(a)
             if new != addr:
                 self.rows[where] = new
-            self.inputs[k] = (slot, a, new, where)
-        lib.torq_run_calls(self.ptr, self.n, threads, None if ns is None else ns.ctypes.data)
+            self.inputs[k] = (slot, a, new, where, slack)
+        lib.torq_run_calls(self.ptr, self.n, threads, fthreads, None if ns is None else ns.ctypes.data)
         for slot, out in self.outputs:
             env[slot] = out
         return True
@@ -168,9 +178,11 @@ class Plan:
     def run(self, env: list, threads: int, run_step) -> None:
         """Every step in order: segments in C, the rest (and a segment whose operand changed
         form) through ``run_step(kernel index)``."""
+        from .float_ops import load_aware
+        fthreads = load_aware(threads)
         for s in self.segments:
             if isinstance(s, _Segment):
-                if not s.run(env, threads, self.lib):
+                if not s.run(env, threads, fthreads, self.lib):
                     raise Stale
             else:
                 run_step(s)

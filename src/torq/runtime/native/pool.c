@@ -167,3 +167,16 @@ void torq_parallel_ranges(int n, int grain, torq_range_fn fn, void *ctx, int nth
     range_job r = {fn, ctx, n, per};
     torq_parallel_for((n + per - 1) / per, range_chunk, &r, nthreads);
 }
+
+void torq_parallel_grain(int n, int grain, torq_range_fn fn, void *ctx, int nthreads)
+{
+    if (grain < 1)
+        grain = 1;
+    if (n <= grain || nthreads <= 1) {
+        if (n > 0)
+            fn(ctx, 0, n);
+        return;
+    }
+    range_job r = {fn, ctx, n, grain};
+    torq_parallel_for((n + grain - 1) / grain, range_chunk, &r, nthreads);
+}

@@ -14,4 +14,9 @@ typedef void (*torq_range_fn)(void *ctx, int begin, int end);
  * the counter; one range (no helper) when n <= grain */
 void torq_parallel_ranges(int n, int grain, torq_range_fn fn, void *ctx, int nthreads);
 
+/* fn(ctx, begin, end) over [0, n) in ranges of exactly grain items (the last one shorter): for
+ * long jobs of short items, where ranges of n / (8 * threads) would leave one thread alone
+ * finishing a long last range */
+void torq_parallel_grain(int n, int grain, torq_range_fn fn, void *ctx, int nthreads);
+
 #endif
