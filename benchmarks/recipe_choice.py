@@ -37,7 +37,8 @@ ROWS = ("effnet", "lite1", "lite2")
 
 
 def recipe_of(name: str, entry: dict):
-    """``PRESET[:METHOD][+auto[=BUDGET]]`` with the row's calibration images and preprocessing."""
+    """``PRESET[:METHOD][+auto[=BUDGET][@CAP]]`` with the row's calibration images and preprocessing
+    (CAP: ``--int16-macs``, percent)."""
     from torq.quantize.recipe_flags import load_recipe
     name, _, auto = name.partition("+")
     base, _, method = name.partition(":")
@@ -45,14 +46,17 @@ def recipe_of(name: str, entry: dict):
     if method:
         r = r.replace(calibrate_method=method)
     if auto:
+        auto, _, cap = auto.partition("@")
         _, _, budget = auto.partition("=")
-        r = r.replace(precision=(("*", "auto"),), **({"accuracy_budget": float(budget)} if budget else {}))
+        r = r.replace(precision=(("*", "auto"),), **({"accuracy_budget": float(budget)} if budget else {}),
+                      **({"int16_macs": float(cap)} if cap else {}))
     return r
 
 
-def outcomes(entry: dict, candidates, limit, cache: Path | None = None) -> dict:
-    """{"labels", "fp32": per-image 0/1, candidate: per-image 0/1, "macs": {candidate: MAC share
-    per precision}} on every evaluation image.
+def outcomes(entry: dict, candidates, limit, cache: Path | None = None, half: str = "all") -> dict:
+    """{"labels", "fp32": per-image 0/1, candidate: per-image 0/1, "<name>.kl": per-image
+    KL(FP32 || candidate) of the softmax, "macs": {candidate: MAC share per precision}} on the
+    evaluation images of ``half``.
     With ``cache``: each array is saved there as soon as it is known and reused (a rerun resumes
     at the first candidate not yet measured)."""
     from torq.fileio import atomic_write_json
@@ -61,7 +65,7 @@ def outcomes(entry: dict, candidates, limit, cache: Path | None = None) -> dict:
         cache.mkdir(parents=True, exist_ok=True)
         out = {f.stem: np.load(f) for f in cache.glob("*.npy")}
         macs = {f.name[:-len(".macs.json")]: json.loads(f.read_text()) for f in cache.glob("*.macs.json")}
-    keep = ("labels", "fp32", *candidates)
+    keep = ("labels", "fp32", *candidates, *(f"{c}.kl" for c in candidates if f"{c}.kl" in out))
     todo = [c for c in candidates if c not in out]
     if not todo and {"labels", "fp32"} <= set(out):
         return {**{k: out[k] for k in keep}, "macs": macs}
@@ -76,27 +80,37 @@ def outcomes(entry: dict, candidates, limit, cache: Path | None = None) -> dict:
     from torq.graph.io_quant import io_quant_params
     cached = None
     for name in todo:
-        opts = EvalOptions(recipe=recipe_of(name, entry), batch=50, limit=limit, progress=False)
+        opts = EvalOptions(recipe=recipe_of(name, entry), batch=50, limit=limit, progress=False, half=half)
         data, calib = split(load_dataset(entry["dataset"]), opts)
         fp32, q, iname, shape, _, _ = prepare(entry["model"], data, calib, opts)
         if cached is None:                      # the same preprocessed images for every candidate
             cached = list(batches(data, opts, iname, shape))
+            f = OrtEngine(fp32)
+            ref = np.concatenate([f(x).reshape(len(x), -1) for _, x in cached]).astype(np.float64)
             if "fp32" not in out:
-                f = OrtEngine(fp32)
                 save("labels", data.labels)
-                save("fp32", np.concatenate([np.argmax(f(x), 1) for _, x in cached]) == data.labels)
+                save("fp32", np.argmax(ref, 1) == data.labels)
         from torq.quantize.precision import mac_share
         macs[name] = mac_share(q)
         if cache is not None:
             atomic_write_json(cache / f"{name}.macs.json", macs[name])
-        qin = io_quant_params(q)["inputs"][iname]
+        io = io_quant_params(q)
+        qin, (qout,) = io["inputs"][iname], io["outputs"].values()
         i8 = OrtEngine(q)
-        pred = np.concatenate([np.argmax(i8(quantize_input(x, qin["scale"], qin["zero_point"])), 1)
-                               for _, x in cached])
-        save(name, pred == data.labels)
+        logits = np.concatenate([i8(quantize_input(x, qin["scale"], qin["zero_point"])).reshape(len(x), -1)
+                                 for _, x in cached]).astype(np.float64)
+        logits = (logits - qout["zero_point"]) * qout["scale"]
+        save(f"{name}.kl", _kl_rows(ref, logits))
+        save(name, np.argmax(logits, 1) == data.labels)
         print(f"  {name}: {100 * out[name].mean():.2f} (fp32 {100 * out['fp32'].mean():.2f}), "
               f"MACs {macs[name]}", file=sys.stderr)
     return {**{k: out[k] for k in keep}, "macs": macs}
+
+
+def _kl_rows(ref: np.ndarray, got: np.ndarray) -> np.ndarray:
+    """Per image KL(softmax(ref) || softmax(got)), nats."""
+    from torq.quantize.sensitivity import softmax_kl
+    return np.array([softmax_kl(r[None], g[None]) for r, g in zip(ref, got)])
 
 
 def eligible(name: str, rows: dict, entry_recipe) -> bool:
@@ -120,6 +134,47 @@ def choose(rows: dict, candidates, half: dict, target: float, recipes: dict) -> 
         raise SystemExit("no eligible candidate (exact scales and >= 90 % int8 MACs)")
     meets = [c for c in ok if tuning[c]["worst"] >= -target / 100]
     return (meets[0] if meets else max(ok, key=lambda c: tuning[c]["worst"])), tuning
+
+
+def choose_kl(rows: dict, candidates, recipes: dict) -> tuple[str, dict]:
+    """(chosen, per-candidate figures) by the output KL pooled over every model's images (the
+    tuning half): the eligible candidate with the lowest mean KL(FP32 || INT8) is the best; chosen
+    is the first eligible candidate in the order given (least int16 first) whose KL minus the
+    best's has a 95 % paired-bootstrap interval reaching 0 (not worse beyond noise). Top-1 of a
+    few hundred images moves by whole images; the KL of every image moves continuously."""
+    from torq.evaluate.protocol import paired_bootstrap
+    kl = {c: np.concatenate([r[f"{c}.kl"] for r in rows.values()]) for c in candidates}
+    agree = {c: np.concatenate([r[c] == r["fp32"] for r in rows.values()]) for c in candidates}
+    ok = [c for c in candidates if eligible(c, rows, recipes[c])]
+    if not ok:
+        raise SystemExit("no eligible candidate (exact scales and >= 90 % int8 MACs)")
+    best = min(ok, key=lambda c: kl[c].mean())
+    figures = {c: {"kl": float(kl[c].mean()), "eligible": c in ok,
+                   "top1_outcome_agreement": float(agree[c].mean()),
+                   "kl_minus_best": paired_bootstrap(kl[best], kl[c]),
+                   "per_model_kl": {k: float(r[f"{c}.kl"].mean()) for k, r in rows.items()}} for c in candidates}
+    chosen = next(c for c in ok if figures[c]["kl_minus_best"]["ci95"][0] <= 0)
+    return chosen, figures
+
+
+def kl_markdown(rows: dict, candidates, chosen: str, figures: dict) -> str:
+    from torq.evaluate.protocol import paired_bootstrap
+    lines = ["Tuning half only. Cells: top-1 %, INT8 − FP32 in points (95 % paired bootstrap); mean "
+             "KL(FP32 || INT8) of the softmax.", "",
+             "| model | images | FP32 | " + " | ".join(candidates) + " |", "|" + "---|" * (3 + len(candidates))]
+    for k, r in rows.items():
+        cells = [f"{100 * r[c].mean():.1f}, {_pts(paired_bootstrap(r['fp32'], r[c]))}, KL "
+                 f"{figures[c]['per_model_kl'][k]:.4f}" for c in candidates]
+        lines.append(f"| {k} | {len(r['fp32'])} | {100 * r['fp32'].mean():.1f} | " + " | ".join(cells) + " |")
+    lines += ["", "Pooled over the models: " + "; ".join(
+        f"{c}: KL {f['kl']:.4f} ({1e3 * f['kl_minus_best']['ci95'][0]:+.2f}…{1e3 * f['kl_minus_best']['ci95'][1]:+.2f}"
+        f" e-3 vs the best), top-1 outcome = FP32's on {100 * f['top1_outcome_agreement']:.1f} %"
+        f"{'' if f['eligible'] else ' (not eligible)'}" for c, f in figures.items()),
+        "", "MACs int8: " + "; ".join(f"{k}: " + ", ".join(f"{c} {100 * r['macs'][c].get('int8', 0):.1f} %"
+                                                          for c in candidates) for k, r in rows.items()),
+        "", f"Chosen: **{chosen}** (the first eligible candidate whose pooled KL is not above the lowest "
+        "beyond its 95 % interval)"]
+    return "\n".join(lines)
 
 
 def report(rows: dict, candidates, chosen: str, half: dict, tests: dict) -> dict:
@@ -192,6 +247,9 @@ def main() -> None:
     ap.add_argument("--split-seed", type=int, default=0)
     ap.add_argument("--json", metavar="OUT")
     ap.add_argument("--cache", metavar="DIR", help="keep per-image outcomes here (a rerun resumes)")
+    ap.add_argument("--criterion", choices=("top1", "kl"), default="top1", help=(
+        "top1: the first candidate within --target of FP32 on every model's tuning half, then the report "
+        "half; kl: measure the tuning half only and choose by the pooled output KL (choose_kl)"))
     args = ap.parse_args()
     import onnxruntime as ort
     ort.set_default_logger_severity(3)
@@ -202,10 +260,18 @@ def main() -> None:
     rows = {}
     for name, entry in build(only=args.only or list(ROWS)).items():
         print(f"{name}:", file=sys.stderr)
-        rows[name] = outcomes(entry, candidates, args.limit,
-                              Path(args.cache) / name if args.cache else None)
-    half = {k: halves(len(r["labels"]), args.split_seed) for k, r in rows.items()}
+        rows[name] = outcomes(entry, candidates, args.limit, Path(args.cache) / name if args.cache else None,
+                              half="tune" if args.criterion == "kl" else "all")
     recipes = {c: recipe_of(c, entry) for c in candidates}
+    if args.criterion == "kl":
+        chosen, figures = choose_kl(rows, candidates, recipes)
+        print(kl_markdown(rows, candidates, chosen, figures))
+        if args.json:
+            from torq.fileio import atomic_write_json
+            atomic_write_json(args.json, {"chosen_on_tuning_half": chosen, "criterion": "kl", "pooled": figures,
+                                          "macs_share": {k: r["macs"] for k, r in rows.items()}})
+        return
+    half = {k: halves(len(r["labels"]), args.split_seed) for k, r in rows.items()}
     chosen, tests = choose(rows, candidates, half, args.target, recipes)
     res = report(rows, candidates, chosen, half, tests)
     print(markdown(res, candidates, args.target))

@@ -63,7 +63,9 @@ class Recipe:
     op_types_to_exclude: tuple = ()     # these op types stay float
     precision: tuple = ()               # ((node name, int8 | int16 | bf16), ...): per-layer activation precision;
                                         # node "*" = the whole model; ("*", "auto") = chosen by measurement
-    accuracy_budget: float = 0.5        # precision auto: expected top-1 loss vs FP32 (points) on held-apart calibration
+    accuracy_budget: float = 0.5        # precision auto: expected top-1 loss vs FP32 (points) on held-apart calibration;
+                                        # 0 = no search: the most sensitive layers up to the int16 MAC cap
+    int16_macs: float = 10.0            # precision auto: at most this % of the MACs int16 x int8
 
     def __post_init__(self):
         if self.calibration_data is not None and not isinstance(self.calibration_data, str):
@@ -147,6 +149,9 @@ def check(r: Recipe) -> None:
     if not isinstance(r.accuracy_budget, (int, float)) or isinstance(r.accuracy_budget, bool) \
             or not r.accuracy_budget >= 0:
         raise TorqError(f"--accuracy-budget must be a number >= 0 (top-1 points), got {r.accuracy_budget!r}")
+    if not isinstance(r.int16_macs, (int, float)) or isinstance(r.int16_macs, bool) \
+            or not 0 <= r.int16_macs <= 100:
+        raise TorqError(f"--int16-macs must be a percentage in [0, 100], got {r.int16_macs!r}")
 
 
 def uses_int16(r: Recipe) -> bool:
