@@ -263,7 +263,7 @@ def resolve_auto(recipe, model):
     from .recipe import apply, recipe_of
     if ("*", "auto") not in recipe.precision:
         return recipe
-    if not recipe.calibration_data:
+    if recipe.accuracy_budget > 0 and not recipe.calibration_data:
         raise TorqError("--precision auto needs real calibration data (--calibration-data): the choice is "
                         "measured against FP32 on held-apart samples")
     with Console(stderr=True).status("--precision auto: measuring which layers need int16 ..."):
