@@ -65,10 +65,12 @@ def outcomes(entry: dict, candidates, limit, cache: Path | None = None, half: st
         cache.mkdir(parents=True, exist_ok=True)
         out = {f.stem: np.load(f) for f in cache.glob("*.npy")}
         macs = {f.name[:-len(".macs.json")]: json.loads(f.read_text()) for f in cache.glob("*.macs.json")}
-    keep = ("labels", "fp32", *candidates, *(f"{c}.kl" for c in candidates if f"{c}.kl" in out))
+    def kept() -> dict:
+        keep = ("labels", "fp32", *candidates, *(f"{c}.kl" for c in candidates if f"{c}.kl" in out))
+        return {**{k: out[k] for k in keep}, "macs": macs}
     todo = [c for c in candidates if c not in out]
     if not todo and {"labels", "fp32"} <= set(out):
-        return {**{k: out[k] for k in keep}, "macs": macs}
+        return kept()
 
     def save(key, value):
         out[key] = value
@@ -104,7 +106,7 @@ def outcomes(entry: dict, candidates, limit, cache: Path | None = None, half: st
         save(name, np.argmax(logits, 1) == data.labels)
         print(f"  {name}: {100 * out[name].mean():.2f} (fp32 {100 * out['fp32'].mean():.2f}), "
               f"MACs {macs[name]}", file=sys.stderr)
-    return {**{k: out[k] for k in keep}, "macs": macs}
+    return kept()
 
 
 def _kl_rows(ref: np.ndarray, got: np.ndarray) -> np.ndarray:
