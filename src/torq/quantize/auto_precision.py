@@ -241,8 +241,11 @@ def apply_auto(recipe, src: onnx.ModelProto, reader, *, where: str = "model", wr
     def trial(chosen: dict):
         return quantize_prepared(with_layers(chosen).replace(full_integer=False), prepared,
                                  ArrayDataReader(calib), where=where)
-    result = choose(prepared, trial, calib, hold, recipe.accuracy_budget,
-                    max_int16_share=recipe.int16_macs / 100)
+    from ..progress import stage
+    with stage(f"quantize: precision auto (per-layer sensitivity on {len(calib)} samples"
+               + (")" if recipe.accuracy_budget == 0 else ", trial models)")):
+        result = choose(prepared, trial, calib, hold, recipe.accuracy_budget,
+                        max_int16_share=recipe.int16_macs / 100)
     final = with_layers(result.precision)
     # the final model is the resolved recipe applied as any recipe is, on *every* calibration
     # sample (the held-apart ones only judged the choice): `quantize --recipe <resolved>.json`
