@@ -84,6 +84,19 @@ def test_sensitivity_and_macs(cnn):
     assert max(s.kl for s in sens) > 0
 
 
+def test_sensitivity_is_kept_only_for_the_same_model_and_samples(cnn):
+    """Recipes differing only in the MAC cap measure once; other samples or another model re-measure."""
+    from torq.quantize import sensitivity
+    samples = samples_of(SyntheticDataReader(cnn, 8))
+    first = measure(cnn, samples[:4])
+    assert measure(cnn, samples[:4]) == first
+    other = measure(cnn, samples[4:])
+    assert other != first and [s.name for s in other] == [s.name for s in first]
+    assert sensitivity._LAST["result"] == other
+    doubled = measure(cnn, [{k: 2 * v for k, v in s.items()} for s in samples[4:]])
+    assert doubled != other
+
+
 def _auto(cnn, budget, cap=0.5):
     samples = samples_of(SyntheticDataReader(cnn, 12))
     calib, hold = samples[:6], samples[6:]
