@@ -97,6 +97,19 @@ def test_sensitivity_is_kept_only_for_the_same_model_and_samples(cnn):
     assert doubled != other
 
 
+def test_resolve_auto_with_budget_zero_needs_no_calibration_data(cnn, tmp_path):
+    """discover / run resolve auto once per model: budget 0 judges nothing on held-apart samples,
+    so synthetic calibration will do; a positive budget still refuses it."""
+    from torq.quantize.auto_precision import resolve_auto
+    from torq.quantize.recipe import Recipe
+    onnx.save(cnn, tmp_path / "m.onnx")
+    base = Recipe(per_channel=True, precision=(("*", "auto"),), num_calib=9)
+    got = resolve_auto(base.replace(accuracy_budget=0.0, int16_macs=30.0), tmp_path / "m.onnx")
+    assert ("*", "auto") not in got.precision and got.precision and all(p == "int16" for _, p in got.precision)
+    with pytest.raises(TorqError, match="needs real calibration data"):
+        resolve_auto(base, tmp_path / "m.onnx")
+
+
 def _auto(cnn, budget, cap=0.5):
     samples = samples_of(SyntheticDataReader(cnn, 12))
     calib, hold = samples[:6], samples[6:]
