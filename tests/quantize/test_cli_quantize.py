@@ -134,7 +134,7 @@ def test_quantize_precision_auto_writes_its_choice(tmp_path):
     import json
     build_example_cnn(tmp_path / "net.onnx")
     np.savez(tmp_path / "c.npz", input=np.random.default_rng(0).uniform(-1, 1, (9, 3, 32, 32)))
-    r = cli("quantize", "-m", tmp_path / "net.onnx", "--precision", "auto", "--accuracy-budget", "0",
+    r = cli("quantize", "-m", tmp_path / "net.onnx", "--precision", "auto", "--accuracy-budget", "0.001",
             "--calibration-data", tmp_path / "c.npz", "--num-calib", "9", "--per-channel", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "--precision auto:" in r.stdout and "held-apart samples" in r.stdout
@@ -145,5 +145,11 @@ def test_quantize_precision_auto_writes_its_choice(tmp_path):
     assert bool(wide) == bool(report["int16_layers"])
     r = cli("quantize", "-m", tmp_path / "net.onnx", "--precision", "auto", cwd=tmp_path)
     assert r.returncode != 0 and "needs real calibration data" in r.stderr and "Traceback" not in r.stderr
+    r = cli("quantize", "-m", tmp_path / "net.onnx", "--precision", "auto", "--accuracy-budget", "0",
+            "--int16-macs", "30", "--per-channel", "-o", tmp_path / "cap.onnx", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr                  # budget 0 judges nothing: synthetic data will do
+    assert "within --int16-macs 30 %" in r.stdout
+    report = json.loads((tmp_path / "cap.precision.json").read_text())
+    assert report["expected_top1_loss_points"] is None and report["int8_mac_share"] >= 0.7
     r = cli("quantize", "-m", tmp_path / "net.onnx", "--precision", "conv9=int16", cwd=tmp_path)
     assert r.returncode != 0 and "no node 'conv9'" in r.stderr

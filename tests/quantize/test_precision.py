@@ -84,6 +84,32 @@ def test_sensitivity_and_macs(cnn):
     assert max(s.kl for s in sens) > 0
 
 
+def test_sensitivity_is_kept_only_for_the_same_model_and_samples(cnn):
+    """Recipes differing only in the MAC cap measure once; other samples or another model re-measure."""
+    from torq.quantize import sensitivity
+    samples = samples_of(SyntheticDataReader(cnn, 8))
+    first = measure(cnn, samples[:4])
+    assert measure(cnn, samples[:4]) == first
+    other = measure(cnn, samples[4:])
+    assert other != first and [s.name for s in other] == [s.name for s in first]
+    assert sensitivity._LAST["result"] == other
+    doubled = measure(cnn, [{k: 2 * v for k, v in s.items()} for s in samples[4:]])
+    assert doubled != other
+
+
+def test_resolve_auto_with_budget_zero_needs_no_calibration_data(cnn, tmp_path):
+    """discover / run resolve auto once per model: budget 0 judges nothing on held-apart samples,
+    so synthetic calibration will do; a positive budget still refuses it."""
+    from torq.quantize.auto_precision import resolve_auto
+    from torq.quantize.recipe import Recipe
+    onnx.save(cnn, tmp_path / "m.onnx")
+    base = Recipe(per_channel=True, precision=(("*", "auto"),), num_calib=9)
+    got = resolve_auto(base.replace(accuracy_budget=0.0, int16_macs=30.0), tmp_path / "m.onnx")
+    assert ("*", "auto") not in got.precision and got.precision and all(p == "int16" for _, p in got.precision)
+    with pytest.raises(TorqError, match="needs real calibration data"):
+        resolve_auto(base, tmp_path / "m.onnx")
+
+
 def _auto(cnn, budget, cap=0.5):
     samples = samples_of(SyntheticDataReader(cnn, 12))
     calib, hold = samples[:6], samples[6:]
@@ -96,14 +122,14 @@ def _auto(cnn, budget, cap=0.5):
 
 
 def test_auto_precision_reports_every_layer_and_keeps_the_mac_cap(cnn):
-    res = _auto(cnn, 0.0, cap=0.3)
+    res = _auto(cnn, 1e-9, cap=0.3)
     assert [c.name for c in res.layers] == layers(cnn)
     assert all(c.why.startswith(c.precision + ":") for c in res.layers)
     assert res.int8_mac_share >= 0.7
     assert res.trials[0]["promoted"] == 0
     assert set(res.precision) == {c.name for c in res.layers if c.precision == "int16"}
     j = res.to_json()
-    assert j["budget_top1_points"] == 0.0 and len(j["layers"]) == 7
+    assert j["budget_top1_points"] == 1e-9 and len(j["layers"]) == 7
 
 
 def test_auto_precision_promotes_nothing_when_int8_is_within_budget(cnn):
@@ -114,6 +140,30 @@ def test_auto_precision_promotes_nothing_when_int8_is_within_budget(cnn):
         quantize(cnn, precision=(("*", "auto"),), accuracy_budget=-1.0)
 
 
+@pytest.mark.parametrize("cap", [0.0, 0.02, 0.3])
+def test_auto_budget_zero_promotes_the_most_sensitive_layers_up_to_the_cap(cnn, cap):
+    """Budget 0: no search and no trial model; the longest KL-per-MAC prefix within the cap."""
+    from torq.quantize.auto_precision import int16_macs
+    samples = samples_of(SyntheticDataReader(cnn, 12))
+
+    def no_trials(prec):
+        raise AssertionError("budget 0 quantized a trial model")
+    res = choose(cnn, no_trials, samples[:6], samples[6:], 0.0, max_int16_share=cap)
+    sens = measure(cnn, samples[:6])
+    cost, total = int16_macs(cnn, sens)
+    ranked = sorted((s for s in sens if s.kl > 0), key=lambda s: -s.kl / max(cost[s.name], 1))
+    k, used = 0, 0
+    while k < len(ranked) and (used + cost[ranked[k].name]) / total <= cap:
+        used += cost[ranked[k].name]
+        k += 1
+    assert set(res.precision) == {s.name for s in ranked[:k]}
+    assert res.trials == [] and res.loss is None and res.met
+    assert res.int8_mac_share == pytest.approx(1 - used / total) and res.int8_mac_share >= 1 - cap
+    assert all(("within the int16 MAC cap" in c.why) == (c.precision == "int16") for c in res.layers)
+    if cap == 0.3:
+        assert res.precision                       # the cap admits some layers: they are promoted
+
+
 def test_recipe_precision_auto_applies_the_choice_and_stamps_it(cnn):
     """quantize(precision=auto): the chosen int16 layers are in the recipe stamped on the model,
     the per-layer report in its metadata, and the model's own int16 tensors are theirs."""
@@ -122,7 +172,7 @@ def test_recipe_precision_auto_applies_the_choice_and_stamps_it(cnn):
     from torq.quantize.recipe import recipe_of
     samples = samples_of(SyntheticDataReader(cnn, 9))
     q = quantize(cnn, calibration_data_reader=ArrayDataReader(samples), per_channel=True,
-                 precision=(("*", "auto"),), accuracy_budget=0.0)
+                 precision=(("*", "auto"),), accuracy_budget=1e-9)
     report, recipe = stamped(q), recipe_of(q)
     assert report["holdout_images"] == 3 and len(report["layers"]) == 7
     chosen = {n for n, p in recipe.precision if p == "int16"}

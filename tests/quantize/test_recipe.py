@@ -26,7 +26,7 @@ CHANGED = {"input_shape": ("x=1,3,8,8",), "format": "hybrid", "per_channel": Tru
            "bias_correction": True, "exact_scales": True, "nodes_to_quantize": ("a",),
            "nodes_to_exclude": ("b",), "op_types_to_quantize": ("Conv",), "op_types_to_exclude": ("Gemm",),
            "precision": (("c", "int16"),), "quant_dtype": "A16W8", "accuracy_budget": 2.0,
-           "weight_rounding": "gptq"}
+           "weight_rounding": "gptq", "int16_macs": 5.0}
 
 
 def test_every_field_changes_the_fingerprint():

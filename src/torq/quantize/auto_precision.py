@@ -13,7 +13,10 @@ within X of FP32, chosen by measurement on calibration data only.
    (0 when they agree; small when FP32 itself hesitates between the two classes). Top-1
    disagreement, which counts every flip between two near-tied classes as a whole error (13 % of
    int8 EfficientNet-Lite0's top-1s on photos unlike ImageNet, where FP32 is unsure), is reported
-   beside it. Promotion stops at ``max_int16_share`` of the MACs.
+   beside it. Promotion stops at ``max_int16_share`` of the MACs (``--int16-macs``).
+   Budget 0 asks for no search: the longest prefix within the MAC cap is promoted outright (the
+   knob is then the cap, chosen on a tuning set: benchmarks/recipe_choice.py); the held-apart
+   samples are not needed to judge it, and no trial model is quantized.
 3. The result says, per layer, what it chose and why (``AutoPrecision.layers``).
 """
 from __future__ import annotations
@@ -46,9 +49,9 @@ class AutoPrecision:
     precision: dict                     # {node: "int16"} (every other layer int8)
     layers: list                        # [LayerChoice], graph order
     budget: float                       # allowed expected top-1 loss vs FP32, percentage points
-    loss: float                         # that of the chosen model on the held-apart split
-    disagreement: float                 # its top-1 disagreement with FP32 there, percentage points
-    kl: float                           # its mean output KL vs FP32 there
+    loss: float | None                  # that of the chosen model on the held-apart split (None: budget 0)
+    disagreement: float | None          # its top-1 disagreement with FP32 there, percentage points
+    kl: float | None                    # its mean output KL vs FP32 there
     met: bool
     int8_mac_share: float
     holdout_images: int
@@ -99,6 +102,10 @@ def choose(fp32: onnx.ModelProto, quantize_fn, calibration: list[dict], holdout:
     cost, total = int16_macs(fp32, sens)
     sens = [replace(s, macs=cost[s.name]) for s in sens]
     ranked = sorted((s for s in sens if s.kl > 0), key=lambda s: -s.kl / max(s.macs, 1))
+    cap = _cap(ranked, total, max_int16_share)
+    if budget == 0:                   # no search: the cap decides (module docstring)
+        share = sum(s.macs for s in ranked[:cap]) / total
+        return _result(sens, ranked, cap, cap, budget, (None, None, share, None), {}, total, 0)
     reference = outputs_of(fp32, batched(fp32, holdout), fused=False)
     cache: dict[int, tuple] = {}
 
@@ -111,7 +118,6 @@ def choose(fp32: onnx.ModelProto, quantize_fn, calibration: list[dict], holdout:
             cache[k] = (loss, kl, sum(s.macs for s in ranked[:k]) / total, dis)
         return cache[k]
 
-    cap = _cap(ranked, total, max_int16_share)
     k = _search(trial, budget, cap)
     if trial(k)[0] > budget:          # never within: the best prefix tried (loss, then KL)
         k = min(cache, key=lambda n: (cache[n][0], cache[n][1], n))
@@ -178,11 +184,16 @@ def _result(sens, ranked, k, cap, budget, chosen, cache, total, images) -> AutoP
     loss, kl, share, dis = chosen
     promoted = {s.name for s in ranked[:k]}
     rank = {s.name: i + 1 for i, s in enumerate(ranked)}
-    met = loss <= budget
+    met = loss is None or loss <= budget
     layers = []
     for s in sens:
         mac = f"int16 output: {100 * s.macs / total:.2f} % of MACs int16 × int8"
-        if s.name in promoted:
+        if loss is None:            # budget 0: the MAC cap decides
+            why = (f"int16: rank {rank[s.name]} by KL per MAC (KL {s.kl:.2e} in int8, {mac}), within the int16 "
+                   "MAC cap" if s.name in promoted else
+                   f"int8: promoting it would pass the int16 MAC cap ({mac}, rank {rank[s.name]})"
+                   if s.name in rank else "int8: no measurable sensitivity")
+        elif s.name in promoted:
             why = (f"int16: rank {rank[s.name]} by KL per MAC (KL {s.kl:.2e} in int8, {mac}); "
                    f"the budget needed the first {k}")
         elif not met and s.name in rank and rank[s.name] > cap:
@@ -230,7 +241,11 @@ def apply_auto(recipe, src: onnx.ModelProto, reader, *, where: str = "model", wr
     def trial(chosen: dict):
         return quantize_prepared(with_layers(chosen).replace(full_integer=False), prepared,
                                  ArrayDataReader(calib), where=where)
-    result = choose(prepared, trial, calib, hold, recipe.accuracy_budget)
+    from ..progress import stage
+    with stage(f"quantize: precision auto (per-layer sensitivity on {len(calib)} samples"
+               + (")" if recipe.accuracy_budget == 0 else ", trial models)")):
+        result = choose(prepared, trial, calib, hold, recipe.accuracy_budget,
+                        max_int16_share=recipe.int16_macs / 100)
     final = with_layers(result.precision)
     # the final model is the resolved recipe applied as any recipe is, on *every* calibration
     # sample (the held-apart ones only judged the choice): `quantize --recipe <resolved>.json`
@@ -251,7 +266,7 @@ def resolve_auto(recipe, model):
     from .recipe import apply, recipe_of
     if ("*", "auto") not in recipe.precision:
         return recipe
-    if not recipe.calibration_data:
+    if recipe.accuracy_budget > 0 and not recipe.calibration_data:
         raise TorqError("--precision auto needs real calibration data (--calibration-data): the choice is "
                         "measured against FP32 on held-apart samples")
     with Console(stderr=True).status("--precision auto: measuring which layers need int16 ..."):

@@ -61,12 +61,16 @@ def _auto_report(q, out: Path, recipe) -> None:
         return
     report = out.with_name(out.stem + ".precision.json")
     atomic_write_text(report, json.dumps(result, indent=1) + "\n")
+    head = (f"torq-gen-config quantize: --precision auto: {len(result['int16_layers'])} int16 layers, "
+            f"{100 * result['int8_mac_share']:.1f} % of MACs in int8")
+    if result["expected_top1_loss_points"] is None:
+        print(f"{head} (budget 0: the most sensitive layers within --int16-macs {recipe.int16_macs:g} %); "
+              f"per layer: {report}")
+        return
     verdict = "within" if result["met"] else "NOT within"
-    print(f"torq-gen-config quantize: --precision auto: {len(result['int16_layers'])} int16 layers, "
-          f"{100 * result['int8_mac_share']:.1f} % of MACs in int8; expected top-1 loss vs FP32 "
-          f"{result['expected_top1_loss_points']:.2f} points (top-1 disagreement "
-          f"{result['disagreement_top1_points']:.2f}) on {result['holdout_images']} held-apart samples "
-          f"({verdict} the budget {recipe.accuracy_budget:g}); per layer: {report}")
+    print(f"{head}; expected top-1 loss vs FP32 {result['expected_top1_loss_points']:.2f} points (top-1 "
+          f"disagreement {result['disagreement_top1_points']:.2f}) on {result['holdout_images']} held-apart "
+          f"samples ({verdict} the budget {recipe.accuracy_budget:g}); per layer: {report}")
 
 
 def _cmd_quantize(args) -> int:
@@ -81,7 +85,7 @@ def _cmd_quantize(args) -> int:
     out = Path(args.output) if args.output else default_output(model)
     refuse_overwrite(out, "--output", {"--model": model, "--calibration-data": recipe.calibration_data})
     fp32 = load_model(model)  # validated before the slow steps; also the "before" of the summary
-    if ("*", "auto") in recipe.precision and not recipe.calibration_data:
+    if ("*", "auto") in recipe.precision and recipe.accuracy_budget > 0 and not recipe.calibration_data:
         raise TorqError("--precision auto needs real calibration data (--calibration-data): the choice is "
                         "measured against FP32 on held-apart samples")
     q = apply(recipe, model).model        # stage lines (fold, CLE, calibration, ...) on stderr

@@ -72,7 +72,10 @@ FLAGS: dict[str, tuple[tuple[str, ...], dict]] = {
         "calibration samples (docs/mixed-precision.md)"))),
     "accuracy_budget": (("--accuracy-budget",), dict(type=float, metavar="POINTS", help=(
         "--precision auto: expected top-1 loss vs FP32 allowed on the held-apart third of the calibration "
-        "samples (FP32's softmax standing in for their labels), percentage points (default 0.5)"))),
+        "samples (FP32's softmax standing in for their labels), percentage points (default 0.5); 0: no "
+        "search, the most sensitive layers are promoted up to --int16-macs"))),
+    "int16_macs": (("--int16-macs",), dict(type=float, metavar="PERCENT", help=(
+        "--precision auto: at most this share of the MACs may run int16 x int8 (default 10)"))),
 }
 _LISTS = ("nodes_to_quantize", "nodes_to_exclude", "op_types_to_quantize", "op_types_to_exclude")
 
