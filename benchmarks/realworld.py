@@ -34,6 +34,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -225,8 +226,9 @@ def table(rows: list[Row]) -> str:
         if r.discover_rc not in (0, None):
             share += f" rc {r.discover_rc}"
         agree = "yes" if not r.disagree else f"no: {len(r.disagree)} ({', '.join(r.disagree[:2])}...)"
-        off = f"{r.unsupported}" + (f" ({', '.join(x.split()[0] for x in r.limits)}: no integer form)"
-                                    if r.limits else "")
+        ops = Counter(x.split()[0] for x in r.limits)
+        off = f"{r.unsupported}" + (f" ({', '.join(o + (f' ×{n}' if n > 1 else '') for o, n in ops.items())}: "
+                                    "no integer form)" if r.limits else "")
         verify = r.verify if r.verify == "PASS" or not r.limits else "whole model: no (limits); run is the proof"
         lines.append(f"| {r.model} | {r.flags} | {r.recipe} | {r.lowered} / {off} | {verify} | {share} | {agree} "
                      f"| {r.run} | {r.top1} | {r.seconds:.0f} |")
