@@ -34,6 +34,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -62,6 +63,7 @@ class Row:
     top1: str = "-"
     seconds: float = 0.0
     errors: list = field(default_factory=list)
+    recipe: str = "?"                              # the default recipe the row ran on (rows outlive defaults)
 
     def holds(self) -> bool:
         """verify PASS with nothing unsupported (a model whose only refusals are documented limits
@@ -101,7 +103,7 @@ def calibration(entry: dict) -> list:
 
 def run_row(name: str, entry: dict, flags: str, out: Path, eval_limit: int, timeout: int,
             discover_args: tuple = ()) -> Row:
-    row, work = Row(name, flags), out / name / flags
+    row, work = Row(name, flags, recipe=default_recipe()), out / name / flags
     shutil.rmtree(work, ignore_errors=True)          # a row starts from nothing (discover keeps old reports)
     work.mkdir(parents=True)
     log = work / "log.txt"
@@ -200,27 +202,35 @@ def _last_line(text: str) -> str:
     return (lines[-1] if lines else "")[:160]
 
 
-def recipe_line() -> str:
-    """Which recipe the rows use, for the table's header."""
+def default_recipe() -> str:
     sys.path.insert(0, str(ROOT / "src"))
-    from torq.quantize.recipe import RECOMMENDED, preset
-    return (f"Recipe: the product default `{RECOMMENDED}` ({preset(RECOMMENDED).describe()}); "
+    from torq.quantize.recipe import RECOMMENDED
+    return RECOMMENDED
+
+
+def recipe_line(rows: list[Row]) -> str:
+    """Which recipes the rows ran on (the product default when each was measured), for the header."""
+    from torq.quantize.recipe import PRESETS
+    names = sorted({r.recipe for r in rows} or {default_recipe()})
+    said = [f"`{n}` ({PRESETS[n].describe()})" if n in PRESETS else f"`{n}`" for n in names]
+    return (f"Recipe: the product default when the row ran ({default_recipe()} now): {'; '.join(said)}; "
             f"flags: " + ", ".join(f"{k} = `{' '.join(v) or '(none)'}`" for k, v in FLAGS.items()))
 
 
 def table(rows: list[Row]) -> str:
-    head = (recipe_line() + "\n\n| model | flags | lowered (torq_hl / off NSS) | verify | discover NSS share "
-            "| discover = compile | run | top-1 FP32/INT8/NSS (qdq-pc recipe) | s |")
-    lines = [head, "|" + "---|" * 9]
+    head = (recipe_line(rows) + "\n\n| model | flags | recipe | lowered (torq_hl / off NSS) | verify "
+            "| discover NSS share | discover = compile | run | top-1 FP32/INT8/NSS (qdq-pc recipe) | s |")
+    lines = [head, "|" + "---|" * 10]
     for r in rows:
         share = f"{r.nss}/{r.layers} ({100 * r.nss / r.layers:.0f} %)" if r.layers else "-"
         if r.discover_rc not in (0, None):
             share += f" rc {r.discover_rc}"
         agree = "yes" if not r.disagree else f"no: {len(r.disagree)} ({', '.join(r.disagree[:2])}...)"
-        off = f"{r.unsupported}" + (f" ({', '.join(x.split()[0] for x in r.limits)}: no integer form)"
-                                    if r.limits else "")
+        ops = Counter(x.split()[0] for x in r.limits)
+        off = f"{r.unsupported}" + (f" ({', '.join(o + (f' ×{n}' if n > 1 else '') for o, n in ops.items())}: "
+                                    "no integer form)" if r.limits else "")
         verify = r.verify if r.verify == "PASS" or not r.limits else "whole model: no (limits); run is the proof"
-        lines.append(f"| {r.model} | {r.flags} | {r.lowered} / {off} | {verify} | {share} | {agree} "
+        lines.append(f"| {r.model} | {r.flags} | {r.recipe} | {r.lowered} / {off} | {verify} | {share} | {agree} "
                      f"| {r.run} | {r.top1} | {r.seconds:.0f} |")
     return "\n".join(lines)
 

@@ -118,11 +118,12 @@ def prepare(model_path, data: Dataset, calib: Dataset, opts: EvalOptions):
     from ..graph.load import load_model
     from ..quantize import memory_bound
     from ..quantize.calibration import ImageReader, image_input
-    from ..quantize.recipe import apply
+    from ..quantize.recipe import apply, keeps_tensors
     fp32 = set_input_shapes(load_model(model_path), opts.recipe.input_shape, str(model_path))
     name, shape = image_input(fp32, "evaluate")
     recipe = opts.measured_recipe
-    memory_bound.check(fp32, min(recipe.num_calib, len(calib)), str(model_path), "--num-calib")
+    memory_bound.check(fp32, min(recipe.num_calib, len(calib)), str(model_path), "--num-calib",
+                       keeps_tensors=keeps_tensors(recipe))
     memory_bound.check(fp32, opts.batch, str(model_path), "--batch")
     reader = None if opts.recipe.calibration_data else \
         ImageReader(calib, opts.preprocess, shape, name, recipe.num_calib)

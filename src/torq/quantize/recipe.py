@@ -309,6 +309,13 @@ def prepare(recipe: Recipe, model: onnx.ModelProto, reader=None, where: str = "m
     return model
 
 
+def keeps_tensors(recipe: Recipe) -> bool:
+    """Does calibrating ``recipe`` hold every tensor of every sample at once? A histogram calibrator
+    does, and so does ``--precision auto`` (its sensitivity runs the samples as one batch); MinMax
+    and our calibrated passes keep only ranges and running sums (memory_bound)."""
+    return recipe.calibrate_method != "minmax" or ("*", "auto") in recipe.precision
+
+
 def apply(recipe: Recipe, model, reader=None, *, where: str | None = None,
           wrap_lone_ops: bool = False) -> Quantized:
     """The int8 model of ``recipe`` for the fp32 ``model`` (path or ModelProto).
@@ -320,7 +327,7 @@ def apply(recipe: Recipe, model, reader=None, *, where: str | None = None,
     from .calibration import make_reader
     src, where = source(recipe, model, where)
     if reader is None:                           # (a caller's reader knows its own sizes)
-        memory_bound.check(src, recipe.num_calib, where, "--num-calib")
+        memory_bound.check(src, recipe.num_calib, where, "--num-calib", keeps_tensors=keeps_tensors(recipe))
     reader = reader if reader is not None else make_reader(src, recipe)
     if ("*", "auto") in recipe.precision:            # int16 layers chosen by measurement first
         from .auto_precision import apply_auto
