@@ -157,15 +157,7 @@ void torq_parallel_ranges(int n, int grain, torq_range_fn fn, void *ctx, int nth
     if (grain < 1)
         grain = 1;
     int per = nthreads > 1 ? (n + 8 * nthreads - 1) / (8 * nthreads) : n;
-    if (per < grain)
-        per = grain;
-    if (n <= per || nthreads <= 1) {
-        if (n > 0)
-            fn(ctx, 0, n);
-        return;
-    }
-    range_job r = {fn, ctx, n, per};
-    torq_parallel_for((n + per - 1) / per, range_chunk, &r, nthreads);
+    torq_parallel_grain(n, per < grain ? grain : per, fn, ctx, nthreads);
 }
 
 void torq_parallel_grain(int n, int grain, torq_range_fn fn, void *ctx, int nthreads)
