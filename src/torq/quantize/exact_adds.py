@@ -106,8 +106,9 @@ def _movable(g, inits, producer, consumers, site_nodes, is_layer) -> set[str]:
     ok: dict[str, bool] = {}
     for n in g.node:
         for idx, name in enumerate(n.input):
-            if name in inits and numpy_helper.to_array(inits[name]).size == 1:
-                ok[name] = ok.get(name, True) and _use_ok(n, idx, inits, producer, consumers, site_nodes, outputs, is_layer)
+            if name in inits and not any(d != 1 for d in inits[name].dims):      # a per-tensor scale
+                ok[name] = ok.get(name, True) and _use_ok(n, idx, inits, producer, consumers, site_nodes,
+                                                          outputs, is_layer)
     return {k for k, v in ok.items() if v}
 
 
