@@ -16,21 +16,24 @@ from torq.quantize.exact_scales import exact_scales
 from torq.verify import verify
 
 
-def _residual(seed: int) -> onnx.ModelProto:
-    """conv -> (conv) + -> conv -> (prev) + -> conv: one Add of two convs, one of an Add and a conv."""
+def _residual(seed: int, pool_end: bool = False) -> onnx.ModelProto:
+    """conv -> (conv) + -> conv -> (prev) + -> conv: one Add of two convs, one of an Add and a conv.
+    ``pool_end``: a global average pool reads the last Add (its output scale cannot move)."""
     from qmodels import model
     rng = np.random.default_rng(seed)
     w = {f"w{i}": rng.normal(0, 0.4, (8, 4 if i == 1 else 8, 3, 3)) for i in range(1, 5)}
     b = {f"b{i}": rng.normal(0, 0.2, 8) for i in range(1, 5)}
     conv = lambda i, x, y: helper.make_node("Conv", [x, f"w{i}", f"b{i}"], [y], pads=[1, 1, 1, 1])  # noqa: E731
     nodes = [conv(1, "x", "c1"), conv(2, "c1", "c2"), helper.make_node("Add", ["c1", "c2"], ["s1"]),
-             conv(3, "s1", "c3"), helper.make_node("Add", ["s1", "c3"], ["s2"]), conv(4, "s2", "y")]
-    return model(nodes, [("x", [1, 4, 8, 8])], ["y"], {**w, **b})
+             conv(3, "s1", "c3"), helper.make_node("Add", ["s1", "c3"], ["s2"]),
+             helper.make_node("GlobalAveragePool", ["s2"], ["y"]) if pool_end else conv(4, "s2", "y")]
+    inits = {k: v for k, v in {**w, **b}.items() if not (pool_end and k.endswith("4"))}
+    return model(nodes, [("x", [1, 4, 8, 8])], ["y"], inits)
 
 
-def _quantized(seed, fmt, per_channel, act="s8"):
+def _quantized(seed, fmt, per_channel, act="s8", pool_end=False):
     from qmodels import quantize
-    return quantize(_residual(seed), {"x": [1, 4, 8, 8]}, fmt, per_channel=per_channel, act=act, seed=seed)
+    return quantize(_residual(seed, pool_end), {"x": [1, 4, 8, 8]}, fmt, per_channel=per_channel, act=act, seed=seed)
 
 
 def _adds(compiled):
@@ -42,10 +45,13 @@ def _activation_scales(q):
     return {k: float(a[f"{k}_scale"]) for k in ("x", "c1", "c2", "s1", "c3", "s2", "y")}
 
 
-@settings(max_examples=10, deadline=None)
-@given(st.integers(0, 10 ** 6), st.sampled_from(["qdq", "qoperator"]), st.booleans(), st.sampled_from(["s8", "u8"]))
-def test_residual_network_native_bit_exact(seed, fmt, per_channel, act):
-    q = _quantized(seed, fmt, per_channel, act)
+@settings(max_examples=12, deadline=None)
+@given(st.integers(0, 10 ** 6), st.sampled_from(["qdq", "qoperator"]), st.booleans(), st.sampled_from(["s8", "u8"]),
+       st.booleans())
+def test_residual_network_native_bit_exact(seed, fmt, per_channel, act, pool_end):
+    """``pool_end``: the last Add's output scale is fixed (a pool reads it) and one input is the
+    first Add's: the first Add chooses its output scale for the second's grid too."""
+    q = _quantized(seed, fmt, per_channel, act, pool_end)
     assert sum(n.op_type in ("Add", "QLinearAdd") for n in q.graph.node) == 2
     qe = exact_scales(q)
     before, after = _activation_scales(q), _activation_scales(qe)
@@ -55,8 +61,9 @@ def test_residual_network_native_bit_exact(seed, fmt, per_channel, act):
     assert [st.attrs["round_ties_even"] for st in _adds(compiled)] == [1, 1]
     for s in range(2):
         res = verify(compiled, seed=s, modes=("native", "ort"))
-        assert res.ok and all(o.exact for o in res.outputs), res.outputs
-        assert all(od.differ == 0 for od in res.op_diffs), res.op_diffs
+        assert res.ok and all(od.differ == 0 for od in res.op_diffs if od.op == "torq_hl.add"), res.op_diffs
+        # every rescale exact (the pool only where its own scale is: ORT gives it another output scale)
+        assert pool_end or (all(o.exact for o in res.outputs) and all(od.differ == 0 for od in res.op_diffs))
     # the pass off (adds=False): the Adds keep the reference compiler's NTP
     assert [st.attrs["round_ties_even"] for st in _adds(torq.compile(exact_scales(q, adds=False)))] == [0, 0]
 

@@ -46,9 +46,11 @@ def exact_add_scales(m: onnx.ModelProto, is_layer) -> dict[str, np.float32]:
     movable = _movable(g, inits, producer, consumers, site_nodes, is_layer)
     moved: dict[str, np.float32] = {}
     frozen: set[str] = set()
-    for a, b, c, _ in sites:
+    for i, (a, b, c, _) in enumerate(sites):
         scales = {k: _scalar(inits, k) for k in (a, b, c)}
-        new = _solve(a, b, c, scales, {k for k in (a, b, c) if k in movable and k not in frozen})
+        free = {k for k in (a, b, c) if k in movable and k not in frozen}
+        new = _solve(a, b, c, scales, free, _ahead(c, sites[i + 1:], movable, inits)) if c in free else None
+        new = new or _solve(a, b, c, scales, free)
         for k, v in (new or {}).items():
             if v != scales[k]:
                 moved.setdefault(k, scales[k])
@@ -56,6 +58,19 @@ def exact_add_scales(m: onnx.ModelProto, is_layer) -> dict[str, np.float32]:
                     numpy_helper.to_array(inits[k]).shape), k))
         frozen.update((a, b, c))
     return moved
+
+
+def _ahead(c, later, movable, inits) -> list[tuple[np.float32, int]]:
+    """Constraints on the output scale ``c`` from later Adds reading it whose own output scale
+    cannot move (e.g. the last block's Add before a pool): ``fl32(c / sY)`` must be on their grid
+    (``(sY, bits)``), else those Adds find ``c`` fixed and no match."""
+    out = []
+    for a, b, y, _ in later:
+        if c in (a, b) and y not in movable:
+            ra, rb = (float(r) for r in add_ratios_ort(_scalar(inits, a), _scalar(inits, b), _scalar(inits, y)))
+            if ra > 0 and rb > 0 and np.isfinite(ra + rb):
+                out.append((_scalar(inits, y), add_grid_bits(ra * (1 + 3 * MAX_CHANGE), rb * (1 + 3 * MAX_CHANGE))))
+    return out
 
 
 def exact_add_triple(sa, sb, sc, fixed: str = "") -> tuple[np.float32, np.float32, np.float32] | None:
@@ -131,8 +146,9 @@ def _use_ok(n, idx, inits, producer, consumers, site_nodes, outputs, is_layer) -
     return False
 
 
-def _solve(a, b, c, scales, movable) -> dict[str, np.float32] | None:
-    """New scales (by name) of the triple with exact ratios, each within MAX_CHANGE, or None."""
+def _solve(a, b, c, scales, movable, ahead=()) -> dict[str, np.float32] | None:
+    """New scales (by name) of the triple with exact ratios, each within MAX_CHANGE, or None;
+    ``ahead``: constraints of later Adds on the output scale (``_ahead``)."""
     sa, sb, sc = scales[a], scales[b], scales[c]
     if add_exact_ratios(sa, sb, sc):
         return None
@@ -141,7 +157,7 @@ def _solve(a, b, c, scales, movable) -> dict[str, np.float32] | None:
         return None
     bits = add_grid_bits(ra * (1 + 3 * MAX_CHANGE), rb * (1 + 3 * MAX_CHANGE))
     fixed = [scales[k] for k in dict.fromkeys((a, b)) if k not in movable]
-    for c_new in _output_candidates(sc, c in movable, fixed, bits):
+    for c_new in _output_candidates(sc, c in movable, fixed, bits, ahead):
         new = {c: c_new}
         for k in dict.fromkeys((a, b)):
             new[k] = scales[k] if k not in movable else _input_scale(scales[k], c_new, bits)
@@ -158,9 +174,9 @@ def _on_grid(r, bits) -> np.ndarray:
     return (t > 0) & (t == np.floor(t))
 
 
-def _output_candidates(sc, movable: bool, fixed, bits) -> list[np.float32]:
+def _output_candidates(sc, movable: bool, fixed, bits, ahead=()) -> list[np.float32]:
     """sC itself, or its float32 neighbours within MAX_CHANGE nearest first, keeping those that
-    put every fixed input's ratio on the grid (at most ``_CANDIDATES``)."""
+    put every fixed input's ratio on the grid and meet ``ahead`` (at most ``_CANDIDATES``)."""
     if not movable:
         cands = np.array([sc], _F32)
     else:
@@ -171,6 +187,8 @@ def _output_candidates(sc, movable: bool, fixed, bits) -> list[np.float32]:
     keep = np.ones(len(cands), bool)
     for s in fixed:
         keep &= _on_grid((_F32(s) / cands).astype(_F32), bits)
+    for s, later_bits in ahead:
+        keep &= _on_grid((cands / _F32(s)).astype(_F32), later_bits)
     return list(cands[keep][:_CANDIDATES])
 
 
