@@ -93,9 +93,30 @@ def _output_qparams(q):
     return float(a["y_scale"]), int(a["y_zero_point"])
 
 
-def test_a_scale_other_ops_depend_on_does_not_move():
-    """The graph input's scale (read by the first conv, set by the user's data) never moves; an Add
-    whose two inputs are both fixed keeps its scales when no output scale reaches a match."""
-    q = _quantized(3, "qdq", False)
-    qe = exact_scales(q)
-    assert _input_qparams(qe) == _input_qparams(q)
+def _pool_then_add():
+    """conv -> max pool -> (conv) +: the pool's output shares its input's scale (QDQ) or sits
+    between Q/DQ (QOperator), so the Add's input A cannot move."""
+    from qmodels import model
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("MaxPool", ["c1"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("Conv", ["p", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1]),
+             helper.make_node("Add", ["p", "c2"], ["y"])]
+    return model(nodes, [("x", [1, 4, 8, 8])], ["y"], {
+        "w1": rng.normal(0, 0.4, (8, 4, 3, 3)), "b1": rng.normal(0, 0.2, 8),
+        "w2": rng.normal(0, 0.4, (8, 8, 3, 3)), "b2": rng.normal(0, 0.2, 8)})
+
+
+def test_a_scale_another_op_depends_on_does_not_move():
+    """The pool's scale stays (it must equal its input's); the Add moves its other input and
+    output instead and is exact."""
+    from qmodels import quantize
+    for fmt, fixed in (("qdq", ("c1_scale",)), ("qoperator", ("c1_scale", "p_scale"))):
+        q = quantize(_pool_then_add(), {"x": [1, 4, 8, 8]}, fmt, per_channel=True)
+        qe = exact_scales(q)
+        a, b = ({t.name: numpy_helper.to_array(t) for t in m.graph.initializer} for m in (q, qe))
+        assert all(a[k] == b[k] for k in fixed) and a["y_scale"] != b["y_scale"], fmt
+        compiled = torq.compile(qe)
+        assert [st.attrs["round_ties_even"] for st in _adds(compiled)] == [1], fmt
+        res = verify(compiled, modes=("native", "ort"))
+        assert res.ok and all(o.exact for o in res.outputs), (fmt, res.outputs)
