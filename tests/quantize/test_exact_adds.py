@@ -120,3 +120,21 @@ def test_a_scale_another_op_depends_on_does_not_move():
         assert [st.attrs["round_ties_even"] for st in _adds(compiled)] == [1], fmt
         res = verify(compiled, modes=("native", "ort"))
         assert res.ok and all(o.exact for o in res.outputs), (fmt, res.outputs)
+
+
+def test_a_graph_input_scale_never_moves():
+    """x + conv(x) with int8 graph I/O: the user quantizes x with its declared scale, which stays;
+    the Add moves the conv's output and its own instead."""
+    from qmodels import model, quantize
+    rng = np.random.default_rng(1)
+    m = model([helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+               helper.make_node("Add", ["x", "c"], ["y"])], [("x", [1, 4, 8, 8])], ["y"],
+              {"w": rng.normal(0, 0.4, (4, 4, 3, 3)), "b": rng.normal(0, 0.2, 4)})
+    for fmt in ("qdq", "qoperator"):
+        q = quantize(m, {"x": [1, 4, 8, 8]}, fmt, per_channel=True)
+        qe = exact_scales(q)
+        assert _input_qparams(qe) == _input_qparams(q), fmt
+        compiled = torq.compile(qe)
+        assert [st.attrs["round_ties_even"] for st in _adds(compiled)] == [1], fmt
+        res = verify(compiled, modes=("native", "ort"))
+        assert res.ok and all(o.exact for o in res.outputs), (fmt, res.outputs)

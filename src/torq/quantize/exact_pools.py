@@ -77,13 +77,14 @@ def _site(n, inits, producer, consumers) -> tuple[str, int] | None:
 
 def _follows(name, g, inits, producer, consumers, is_layer) -> bool:
     """Does every reader of this scale follow it (module docstring)?"""
-    outputs = {o.name for o in g.output}
+    outputs = {o.name for o in g.output} | {i.name for i in g.input}     # a graph input's int8 scale: the user's
     for n in consumers.get(name, []):
         idx = [i for i, v in enumerate(n.input) if v == name]
         key = (n.op_type, n.domain or "")
         if key in _QOPS:
             allowed = _QOPS[key]
-            if (allowed is not None and any(i not in allowed for i in idx)) or \
+            if (allowed is not None and any(i not in allowed or (i in (1, 4) and n.input[i - 1] in outputs)
+                                            for i in idx)) or \
                     (key[0] in ("QLinearConv", "QGemm") and not is_layer(n)):
                 return False
         elif n.op_type == "QuantizeLinear" and idx == [1]:
@@ -92,7 +93,7 @@ def _follows(name, g, inits, producer, consumers, is_layer) -> bool:
                     p.op_type in ("Conv", "Gemm", "MatMul") and is_layer(p))):
                 return False
         elif n.op_type == "DequantizeLinear" and idx == [1] and n.input[0] not in inits:
-            if n.output[0] in outputs or not all(
+            if n.output[0] in outputs or n.input[0] in outputs or not all(
                     u.op_type in _FOLLOW and (u.op_type not in ("Conv", "Gemm", "MatMul") or is_layer(u))
                     for u in consumers.get(n.output[0], [])):
                 return False
