@@ -100,3 +100,35 @@ def test_ratios_exact_only_on_the_grid():
     # multiples of 2**-20: on a grid, but too fine for the partial sums (24 bits) -> not exact
     assert not nx.add_exact_ratios(F32(1 + 2 ** -20), F32(1.0), F32(1.0))
     assert nx.add_grid_bits(1.0, 1.0) == 13
+
+
+_A8, _B8 = _A.astype(np.int64), _B.astype(np.int64)
+
+
+@settings(max_examples=40, deadline=None)
+@given(_scale, _scale, st.integers(20, 2 ** 16), st.tuples(_zp, _zp, _zp), st.booleans())
+def test_exact_mul_scale_makes_native_mul_bit_exact(sa, sb, k, zps, uint8):
+    """QLinearMul with ``fl32(fl32(sA·sB)/sC)`` a multiple of 2**-16: native (ORT's scale as the
+    multiplier, NTE with the zero point before rounding) == ORT on every operand pair."""
+    sc = F32(F32(sa * sb) / F32(k / 2 ** 16))
+    if not nx.mul_scale_exact(sa, sb, sc):
+        return                 # the quotient rounded off the grid
+    za, zb, zc = zps
+    m, shift = nx.mul_multiplier(sa, sb, sc)
+    native = nx.mul_native(_A8, _B8, za, zb, m, shift, zc, -128, 127, ties_even=True)
+    if uint8:
+        ort = nx.mul_ort(_A8 + 128, _B8 + 128, sa, za + 128, sb, zb + 128, sc, zc + 128, 0, 255) - 128
+    else:
+        ort = nx.mul_ort(_A8, _B8, sa, za, sb, zb, sc, zc, -128, 127)
+    np.testing.assert_array_equal(native, ort)
+
+
+def test_mul_ties_need_nte():
+    """S = 2**-7 (an exact product of 2**-4 and 2**-3 over 1.0): p·S ties at every odd multiple of
+    64; NTP (an injected fault) rounds them up, ORT to even."""
+    sa, sb, sc = F32(2 ** -4), F32(2 ** -3), F32(1.0)
+    assert nx.mul_scale_exact(sa, sb, sc) and not nx.mul_scale_exact(F32(0.3), sb, sc)
+    m, shift = nx.mul_multiplier(sa, sb, sc)
+    ort = nx.mul_ort(_A8, _B8, sa, 3, sb, -5, sc, 7, -128, 127)
+    np.testing.assert_array_equal(nx.mul_native(_A8, _B8, 3, -5, m, shift, 7, -128, 127, ties_even=True), ort)
+    assert np.count_nonzero(nx.mul_native(_A8, _B8, 3, -5, m, shift, 7, -128, 127) != ort) > 0

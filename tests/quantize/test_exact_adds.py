@@ -138,3 +138,40 @@ def test_a_graph_input_scale_never_moves():
         assert [st.attrs["round_ties_even"] for st in _adds(compiled)] == [1], fmt
         res = verify(compiled, modes=("native", "ort"))
         assert res.ok and all(o.exact for o in res.outputs), (fmt, res.outputs)
+
+
+def _squeeze_excite(seed: int) -> onnx.ModelProto:
+    """conv -> x · sigmoid(conv(GAP(x))) -> conv: an EfficientNet squeeze-and-excite Mul, whose
+    inputs other ops fix (the pool reads x, the sigmoid's table sets its scale): its output moves."""
+    from qmodels import model
+    rng = np.random.default_rng(seed)
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("GlobalAveragePool", ["c1"], ["g"]),
+             helper.make_node("Conv", ["g", "w2", "b2"], ["e"]),
+             helper.make_node("Sigmoid", ["e"], ["s"]),
+             helper.make_node("Mul", ["c1", "s"], ["m"]),
+             helper.make_node("Conv", ["m", "w3", "b3"], ["y"])]
+    return model(nodes, [("x", [1, 4, 8, 8])], ["y"], {
+        "w1": rng.normal(0, 0.4, (8, 4, 3, 3)), "b1": rng.normal(0, 0.2, 8),
+        "w2": rng.normal(0, 0.4, (8, 8, 1, 1)), "b2": rng.normal(0, 0.2, 8),
+        "w3": rng.normal(0, 0.4, (4, 8, 1, 1)), "b3": rng.normal(0, 0.2, 4)})
+
+
+@settings(max_examples=6, deadline=None)
+@given(st.integers(0, 10 ** 6), st.sampled_from(["qdq", "qoperator"]), st.booleans())
+def test_squeeze_excite_mul_native_bit_exact(seed, fmt, per_channel):
+    from qmodels import quantize
+    q = quantize(_squeeze_excite(seed), {"x": [1, 4, 8, 8]}, fmt, per_channel=per_channel, seed=seed)
+    qe = exact_scales(q)
+    a, b = ({t.name: float(numpy_helper.to_array(t)) for t in m.graph.initializer if t.name.endswith("_scale")
+             and not t.dims} for m in (q, qe))
+    assert a["m_scale"] != b["m_scale"] and abs(b["m_scale"] / a["m_scale"] - 1) <= MAX_CHANGE
+    assert all(a[k] == b[k] for k in ("c1_scale", "s_scale"))
+    compiled = torq.compile(qe)
+    muls = [st for st in compiled.program.steps if st.op == "torq_hl.mul"]
+    assert [st.attrs["round_ties_even"] for st in muls] == [1]
+    for s in range(2):
+        res = verify(compiled, seed=s, modes=("native", "ort"))
+        assert res.ok and all(od.differ == 0 for od in res.op_diffs if od.op == "torq_hl.mul"), res.op_diffs
+    muls = [st for st in torq.compile(exact_scales(q, activations=False)).program.steps if st.op == "torq_hl.mul"]
+    assert [st.attrs["round_ties_even"] for st in muls] == [0]

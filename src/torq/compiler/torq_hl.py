@@ -20,7 +20,8 @@ Semantics (NCHW, int8 activations; see runtime/nss.py and torq/numerics):
          round_ties_even = 1: the ACT's NTE mode where a window's rescale is exact (real ties)
   maxpool2d: integer max over the window (padding never wins)
   table: out = table[input - (-128)]  (256 i32 entries, one per int8 input value)
-  mul:   mode "int8": out = ACT((input1 - zp1)·(input2 - zp2), scale_bias[1], shift_factor)  (Mul)
+  mul:   mode "int8": out = ACT((input1 - zp1)·(input2 - zp2), scale_bias[1], shift_factor)  (Mul);
+         round_ties_even = 1: NTE with output_zp before rounding (ORT's scale exact: numerics.mul_scale_exact)
          mode "bf16": out = bf16(input1 · input2 + bias), input2 a bf16 constant (Q/DQ fallback;
          the int8-only attributes are 0 there, the bf16-only `bias` is [] in int8 mode)
   act / mul / fma: the bf16 fallback for standalone Quantize/Dequantize (seed §4.4.2)
@@ -81,7 +82,7 @@ OPS: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {
     "act": (("init", "input"), {"mode": STR}),
     "mul": (("init", "input1", "input2"), {
         "mode": STR, "input_zps": I64A, "output_zp": I32, "output_min": I32, "output_max": I32,
-        "shift_factor": I32, "scale_bias": I64A, "bias": F32A,
+        "shift_factor": I32, "scale_bias": I64A, "bias": F32A, "round_ties_even": I32,
         "ort_scales": F32A, "ort_zp": I32, "ort_mode": STR, "ort_zp_shift": I32}),
     "fma": (("init", "input"), {"weights": I64A, "biases": I64A, "output_min": I32, "output_max": I32}),
     "reduce": (("init", "input"), {"mode": STR, "dims": I64A}),

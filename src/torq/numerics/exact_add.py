@@ -9,6 +9,9 @@ every partial sum stays below ``2**(24-g)``, each float32 step is exact, ORT rou
 value half to even, and the ACT's NTE mode with the multipliers ``r·2**shift`` (exact) computes
 the same integers. ``quantize.exact_scales`` moves activation scales so that Adds get there.
 
+QLinearMul likewise (``mul_scale_exact``): ``RNE(fl32(fl32(p)·S) + zC)`` with ``S = fl32(fl32(sA·sB)/sC)``
+is exact wherever the output is in range when ``S`` is a multiple of ``2**-16``.
+
 Windowed average pools likewise (``avgpool_exact_scale``): ORT dequantizes each value to float,
 sums, divides by the count and by ``ys``; with ``ys = xs`` (ORT's quantizer shares them) a
 power-of-two count and ``xs`` of few enough significant bits, every step is exact and the ACT's
@@ -21,7 +24,8 @@ from fractions import Fraction
 
 import numpy as np
 
-__all__ = ["add_ratios_ort", "add_exact_ratios", "add_grid_bits", "ADD_OPERAND_BOUND", "avgpool_exact_scale"]
+__all__ = ["add_ratios_ort", "add_exact_ratios", "add_grid_bits", "ADD_OPERAND_BOUND", "avgpool_exact_scale",
+           "mul_scale_exact", "MUL_GRID_BITS"]
 
 ADD_OPERAND_BOUND = 255      # |a|, |b|, |zA|, |zB|, |zC| of int8 / uint8 operands
 _F32 = np.float32
@@ -65,3 +69,16 @@ def avgpool_exact_scale(xs, count: int) -> np.float32 | None:
     bits = 24 - 8 - (count.bit_length() - 1)
     mant, exp = math.frexp(float(_F32(xs)))
     return _F32(math.ldexp(round(math.ldexp(mant, bits)), exp - bits))
+
+
+MUL_GRID_BITS = 16      # |p·S| < 256 wherever a Mul's output is in range: 24 bits on a 2**-16 grid
+
+
+def mul_scale_exact(sa, sb, sc) -> bool:
+    """ORT's QLinearMul (``ort.mul_ort``) computes the exact ``RNE(p·S + zC)`` wherever the output
+    is in range: ``S = fl32(fl32(sA·sB)/sC)`` a positive multiple of ``2**-16``. An in-range output
+    has ``|p·S| < 256`` (int8 and uint8 alike), which then has at most 24 significant bits, and so
+    has the sum with ``zC``; larger products round monotonically and saturate either way."""
+    s = float(_F32(_F32(_F32(sa) * _F32(sb)) / _F32(sc)))
+    t = math.ldexp(s, MUL_GRID_BITS)
+    return s > 0 and math.isfinite(t) and t == math.floor(t)

@@ -19,7 +19,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from .exact_add import add_exact_ratios, add_ratios_ort
+from .exact_add import add_exact_ratios, add_ratios_ort, mul_scale_exact
 from .loops import act_loop, add_loop, as4d, bcast, channel_params, contiguous_rows, parts_int64, split_ok
 
 __all__ = ["global_avgpool_act", "INT32_MIN", "INT32_MAX", "MAX_SHIFT", "SHIFT_STEP", "ZERO_SCALE_SHIFT", "llround",
@@ -391,14 +391,21 @@ def add_native_mults(a, b, za, zb, mA, mB, shift, zc, qmin, qmax, out_dtype=np.i
 
 
 def mul_multiplier(sa, sb, sc) -> tuple[int, int]:
-    """Native Mul rescale: (multiplier, shift) for ``sa * sb / sc`` (float64 from float32 qparams)."""
+    """Native Mul rescale: (multiplier, shift) for ``sa * sb / sc`` (float64 from float32 qparams);
+    ORT's float32 scale where that is exact (``mul_scale_exact``: the NTE mode then matches ORT)."""
+    if mul_scale_exact(sa, sb, sc):
+        return multiplier_and_shift(float(_F32(_F32(_F32(sa) * _F32(sb)) / _F32(sc))))
     return multiplier_and_shift(float(_F32(sa)) * float(_F32(sb)) / float(_F32(sc)))
 
 
-def mul_native(a, b, za, zb, mult, shift, zc, qmin, qmax) -> np.ndarray:
-    """NPU Mul: ``clamp(NTP((a - za)(b - zb) * mult >> shift) + zc)`` (exact int64)."""
+def mul_native(a, b, za, zb, mult, shift, zc, qmin, qmax, ties_even: bool = False) -> np.ndarray:
+    """NPU Mul: ``clamp(NTP((a - za)(b - zb) * mult >> shift) + zc)`` (exact int64); ``ties_even``:
+    NTE on ``t + (zc << shift)`` (ORT rounds after adding its zero point)."""
     p = (np.asarray(a).astype(np.int64) - int(za)) * (np.asarray(b).astype(np.int64) - int(zb))
-    return act_native(p, mult, shift, zc, qmin, qmax)
+    if not (ties_even and int(shift) > 0):
+        return act_native(p, mult, shift, zc, qmin, qmax)
+    t = nte_shift(np.asarray(p * int(mult) + (int(zc) << int(shift)), np.int64), int(shift))
+    return np.clip(t, int(qmin), int(qmax))
 
 
 def avgpool_multiplier(xs, ys, count: int) -> tuple[int, int]:

@@ -18,7 +18,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from ..numerics import add_exact_ratios, add_grid_bits, add_ratios_ort
+from ..numerics import MUL_GRID_BITS, add_exact_ratios, add_grid_bits, add_ratios_ort, mul_scale_exact
 
 _F32 = np.float32
 MAX_CHANGE = 0.01        # an activation scale moves at most 1 %
@@ -27,7 +27,8 @@ _CANDIDATES = 16         # sC candidates (nearest first) tried for the movable i
 _CONV = ("Conv", "Gemm", "MatMul")
 # QOperator ops: input index of an activation scale -> role ("conv": its layer is re-exactified)
 _QOPS = {("QLinearConv", ""): {1: "conv", 6: "conv"}, ("QGemm", "com.microsoft"): {1: "conv", 7: "conv"},
-         ("QLinearAdd", "com.microsoft"): {1: "add", 4: "add", 6: "add"}}
+         ("QLinearAdd", "com.microsoft"): {1: "add", 4: "add", 6: "add"},
+         ("QLinearMul", "com.microsoft"): {1: "add", 4: "add", 6: "add"}}
 
 
 def exact_add_scales(m: onnx.ModelProto, is_layer) -> dict[str, np.float32]:
@@ -43,15 +44,18 @@ def exact_add_scales(m: onnx.ModelProto, is_layer) -> dict[str, np.float32]:
         for i in n.input:
             consumers.setdefault(i, []).append(n)
     sites = [s for s in (_site(n, inits, producer, consumers) for n in g.node) if s is not None]
-    site_nodes = {id(n) for *_, n in sites}
+    site_nodes = {id(s[3]) for s in sites}
     movable = _movable(g, inits, producer, consumers, site_nodes, is_layer)
     moved: dict[str, np.float32] = {}
     frozen: set[str] = set()
-    for i, (a, b, c, _) in enumerate(sites):
+    for i, (a, b, c, _, kind) in enumerate(sites):
         scales = {k: _scalar(inits, k) for k in (a, b, c)}
         free = {k for k in (a, b, c) if k in movable and k not in frozen}
-        new = _solve(a, b, c, scales, free, _ahead(c, sites[i + 1:], movable, inits)) if c in free else None
-        new = new or _solve(a, b, c, scales, free)
+        if kind == "mul":
+            new = _solve_mul(a, b, c, scales, free)
+        else:
+            new = _solve(a, b, c, scales, free, _ahead(c, sites[i + 1:], movable, inits)) if c in free else None
+            new = new or _solve(a, b, c, scales, free)
         for k, v in (new or {}).items():
             if v != scales[k]:
                 moved.setdefault(k, scales[k])
@@ -66,8 +70,8 @@ def _ahead(c, later, movable, inits) -> list[tuple[np.float32, int]]:
     cannot move (e.g. the last block's Add before a pool): ``fl32(c / sY)`` must be on their grid
     (``(sY, bits)``), else those Adds find ``c`` fixed and no match."""
     out = []
-    for a, b, y, _ in later:
-        if c in (a, b) and y not in movable:
+    for a, b, y, _, kind in later:
+        if kind == "add" and c in (a, b) and y not in movable:
             ra, rb = (float(r) for r in add_ratios_ort(_scalar(inits, a), _scalar(inits, b), _scalar(inits, y)))
             if ra > 0 and rb > 0 and np.isfinite(ra + rb):
                 out.append((_scalar(inits, y), add_grid_bits(ra * (1 + 3 * MAX_CHANGE), rb * (1 + 3 * MAX_CHANGE))))
@@ -97,11 +101,12 @@ def _per_tensor(inits, scale, zp) -> bool:
 
 
 def _site(n, inits, producer, consumers):
-    """(sA, sB, sC initializer names, node) of an Add ORT runs as QLinearAdd, or None."""
-    if n.op_type == "QLinearAdd" and n.domain == "com.microsoft" and len(n.input) >= 8:
+    """(sA, sB, sC initializer names, node, "add" | "mul") of an Add / Mul ORT runs as QLinearAdd /
+    QLinearMul, or None."""
+    if n.op_type in ("QLinearAdd", "QLinearMul") and n.domain == "com.microsoft" and len(n.input) >= 8:
         names = (n.input[1], n.input[4], n.input[6])
         zps = (n.input[2], n.input[5], n.input[7])
-    elif n.op_type == "Add" and n.domain in ("", "ai.onnx") and len(n.input) == 2:
+    elif n.op_type in ("Add", "Mul") and n.domain in ("", "ai.onnx") and len(n.input) == 2:
         dqs = [producer.get(i) for i in n.input]
         outs = consumers.get(n.output[0], [])
         if any(d is None or d.op_type != "DequantizeLinear" for d in dqs) or len(outs) != 1 \
@@ -113,7 +118,7 @@ def _site(n, inits, producer, consumers):
         return None
     if not all(_per_tensor(inits, s, z) for s, z in zip(names, zps)):
         return None
-    return (*names, n)
+    return (*names, n, "mul" if n.op_type.endswith("Mul") else "add")
 
 
 def _movable(g, inits, producer, consumers, site_nodes, is_layer) -> set[str]:
@@ -172,6 +177,32 @@ def _solve(a, b, c, scales, movable, ahead=()) -> dict[str, np.float32] | None:
     return None
 
 
+def _solve_mul(a, b, c, scales, movable) -> dict[str, np.float32] | None:
+    """New scales of a Mul with ``fl32(fl32(sA·sB)/sC)`` exact (``numerics.mul_scale_exact``):
+    the one scale moved is the output's if it can move, else an input's (nearest first)."""
+    if mul_scale_exact(scales[a], scales[b], scales[c]):
+        return None
+    for k in (c, a, b):
+        if k not in movable:
+            continue
+        cands = _neighbours(scales[k])
+        trial = {n: np.full(len(cands), scales[n], _F32) for n in (a, b, c)}
+        trial[k] = cands
+        s = ((trial[a] * trial[b]).astype(_F32) / trial[c]).astype(_F32)
+        hit = np.flatnonzero(_on_grid(s, MUL_GRID_BITS))
+        if len(hit):
+            return {**scales, k: _F32(cands[hit[0]])}
+    return None
+
+
+def _neighbours(s) -> np.ndarray:
+    """The float32 neighbours of ``s`` within MAX_CHANGE (up to ``_OUTPUT_ULPS`` each side), nearest first."""
+    k = np.arange(-_OUTPUT_ULPS, _OUTPUT_ULPS + 1, dtype=np.int64)
+    k = k[np.argsort(np.abs(k), kind="stable")]
+    cands = (np.int64(np.asarray(s, _F32).view(np.int32)) + k).astype(np.int32).view(_F32)
+    return cands[np.isfinite(cands) & (cands > 0) & (np.abs(cands / s - 1) <= MAX_CHANGE)]
+
+
 def _on_grid(r, bits) -> np.ndarray:
     t = np.ldexp(np.asarray(r, np.float64), bits)
     return (t > 0) & (t == np.floor(t))
@@ -180,13 +211,7 @@ def _on_grid(r, bits) -> np.ndarray:
 def _output_candidates(sc, movable: bool, fixed, bits, ahead=()) -> list[np.float32]:
     """sC itself, or its float32 neighbours within MAX_CHANGE nearest first, keeping those that
     put every fixed input's ratio on the grid and meet ``ahead`` (at most ``_CANDIDATES``)."""
-    if not movable:
-        cands = np.array([sc], _F32)
-    else:
-        k = np.arange(-_OUTPUT_ULPS, _OUTPUT_ULPS + 1, dtype=np.int64)
-        k = k[np.argsort(np.abs(k), kind="stable")]
-        cands = (np.int64(np.asarray(sc, _F32).view(np.int32)) + k).astype(np.int32).view(_F32)
-        cands = cands[np.isfinite(cands) & (cands > 0) & (np.abs(cands / sc - 1) <= MAX_CHANGE)]
+    cands = _neighbours(sc) if movable else np.array([sc], _F32)
     keep = np.ones(len(cands), bool)
     for s in fixed:
         keep &= _on_grid((_F32(s) / cands).astype(_F32), bits)

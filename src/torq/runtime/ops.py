@@ -341,7 +341,8 @@ def _int_mul(a, rtype):
     def fn(args, rounding):
         x, y = args
         if rounding == "native":
-            out = numerics.mul_native(x, y, za, zb, mult, shift, a["output_zp"], a["output_min"], a["output_max"])
+            out = numerics.mul_native(x, y, za, zb, mult, shift, a["output_zp"], a["output_min"], a["output_max"],
+                                      ties_even=bool(a.get("round_ties_even", 0)))
         else:   # ORT adds the zero point in float before rounding: work in its (uint8) domain
             out = _binary_ort(numerics.mul_ort, k, x, y, sa, za, sb, zb, sc, a)
         return np.asarray(out).astype(rtype)

@@ -93,6 +93,8 @@ class QMul(QBinary):
         mult, shift = numerics.mul_multiplier(sa, sb, sc)
         attrs = dict(mode="int8", input_zps=[za, zb], output_zp=int(root.q.zp), output_min=root.q.lo,
                      output_max=root.q.hi, shift_factor=shift, scale_bias=[0, mult], bias=[],
+                     # ORT's QLinearMul exact: NTE with the zero point before rounding gives its integers
+                     round_ties_even=int(numerics.mul_scale_exact(sa, sb, sc)),
                      ort_scales=[sa, sb, sc], ort_zp=0, ort_mode="mul", ort_zp_shift=ctx.ort_zp_shift)
         return emit("mul", root, [a, b], attrs, op)
 

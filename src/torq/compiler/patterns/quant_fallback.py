@@ -37,7 +37,7 @@ def _bf16_factor(value: float, loc, ip):
 def _bf16_mul(factor, bias, scale, zp, ort_mode):
     return dict(mode="bf16", input_zps=[0, 0], output_zp=0, output_min=0, output_max=0, shift_factor=0,
                 scale_bias=[0, 0], bias=[bias], ort_scales=[scale], ort_zp=zp, ort_mode=ort_mode,
-                ort_zp_shift=0), factor
+                ort_zp_shift=0, round_ties_even=0), factor
 
 
 def _seq(steps, x, loc, ip):
