@@ -11,6 +11,10 @@ whose scale another op depends on (a pool, a concat, a graph input) or that an e
 fixed keeps its scale; with both inputs fixed only sC can move, which rarely finds a match: such
 an Add is left as it was. Typical moves are ~0.005 % (deep-sort MobileNetV2, EfficientNet-Lite0),
 at most ``MAX_CHANGE``.
+
+Muls (`Q ∘ Mul(DQ a, DQ b)`, `QLinearMul`) take part in the same walk: ORT's one scale
+``fl32(fl32(sA·sB)/sC)`` must be a multiple of 2**-16 (``numerics.mul_scale_exact``); the output
+scale moves (else an input's), the nearest float32 that gets there.
 """
 from __future__ import annotations
 
@@ -122,7 +126,7 @@ def _site(n, inits, producer, consumers):
 
 
 def _movable(g, inits, producer, consumers, site_nodes, is_layer) -> set[str]:
-    """Scale initializers every use of which is an Add site's or a re-exactified layer's."""
+    """Scale initializers every use of which is an Add / Mul site's or a re-exactified layer's."""
     outputs = {o.name for o in g.output} | {i.name for i in g.input}     # a graph input's int8 scale: the user's
     ok: dict[str, bool] = {}
     for n in g.node:
