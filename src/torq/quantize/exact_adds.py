@@ -41,12 +41,7 @@ def exact_add_scales(m: onnx.ModelProto, is_layer) -> dict[str, np.float32]:
     QLinearConv / QGemm (and re-quantize its bias when its input scale moves)? Returns the old
     value of every scale initializer it changed, by name."""
     g = m.graph
-    inits = {t.name: t for t in g.initializer}
-    producer = {o: n for n in g.node for o in n.output}
-    consumers: dict[str, list] = {}
-    for n in g.node:
-        for i in n.input:
-            consumers.setdefault(i, []).append(n)
+    inits, producer, consumers = graph_index(g)
     sites = [s for s in (_site(n, inits, producer, consumers) for n in g.node) if s is not None]
     site_nodes = {id(s[3]) for s in sites}
     movable = _movable(g, inits, producer, consumers, site_nodes, is_layer)
@@ -80,6 +75,15 @@ def _ahead(c, later, movable, inits) -> list[tuple[np.float32, int]]:
             if ra > 0 and rb > 0 and np.isfinite(ra + rb):
                 out.append((_scalar(inits, y), add_grid_bits(ra * (1 + 3 * MAX_CHANGE), rb * (1 + 3 * MAX_CHANGE))))
     return out
+
+
+def graph_index(g: onnx.GraphProto) -> tuple[dict, dict, dict]:
+    """(initializers by name, the node producing each tensor, the nodes reading each name)."""
+    consumers: dict[str, list] = {}
+    for n in g.node:
+        for i in n.input:
+            consumers.setdefault(i, []).append(n)
+    return {t.name: t for t in g.initializer}, {o: n for n in g.node for o in n.output}, consumers
 
 
 def exact_add_triple(sa, sb, sc, fixed: str = "") -> tuple[np.float32, np.float32, np.float32] | None:

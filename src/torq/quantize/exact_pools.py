@@ -18,6 +18,7 @@ import onnx
 from onnx import numpy_helper
 
 from ..numerics import avgpool_exact_scale
+from .exact_adds import graph_index
 
 _F32 = np.float32
 _FOLLOW = {"Conv", "Gemm", "MatMul", "Add", "AveragePool", "MaxPool", "Concat"}   # DQ readers that follow
@@ -30,12 +31,7 @@ def exact_pool_scales(m: onnx.ModelProto, is_layer) -> dict[str, np.float32]:
     window to ``avgpool_exact_scale``; ``is_layer`` as in ``exact_adds.exact_add_scales``.
     Returns the old value of every scale initializer it changed, by name."""
     g = m.graph
-    inits = {t.name: t for t in g.initializer}
-    producer = {o: n for n in g.node for o in n.output}
-    consumers: dict[str, list] = {}
-    for n in g.node:
-        for i in n.input:
-            consumers.setdefault(i, []).append(n)
+    inits, producer, consumers = graph_index(g)
     moved: dict[str, np.float32] = {}
     for n in g.node:
         site = _site(n, inits, producer, consumers)

@@ -29,7 +29,7 @@ import onnx
 from onnx import numpy_helper
 
 from ..numerics import EXACT_GRID_BITS, dq_scale, exact_dyadic, ort_requant_scale, quantize_ort
-from .exact_adds import exact_add_scales
+from .exact_adds import exact_add_scales, graph_index
 from .exact_pools import exact_pool_scales
 
 _F32 = np.float32
@@ -82,13 +82,8 @@ def exact_scales(qmodel: onnx.ModelProto, fp32: onnx.ModelProto | None = None, *
     m = onnx.ModelProto()
     m.CopyFrom(qmodel)
     g = m.graph
-    inits = {t.name: t for t in g.initializer}
+    inits, producer, consumers = graph_index(g)
     floats = {t.name: t for t in fp32.graph.initializer} if fp32 is not None else {}
-    producer = {o: n for n in g.node for o in n.output}
-    consumers: dict[str, list] = {}
-    for n in g.node:
-        for i in n.input:
-            consumers.setdefault(i, []).append(n)
 
     def layer(n) -> _Layer | None:
         if n.op_type in ("Conv", "Gemm", "MatMul"):
