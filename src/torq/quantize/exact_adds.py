@@ -7,8 +7,8 @@ ORT's QLinearAdd is exact when its ratios ``fl32(sA/sC)``, ``fl32(sB/sC)`` sit o
 to even like ORT. This pass moves the scales of the tensors around each Add (in graph order) to
 the nearest such triple: the Add's output scale sC, and the scale of an input produced by a
 Conv / Gemm / MatMul (``exact_scales`` then moves that layer's weight scale to match). A tensor
-whose scale another op depends on (a pool, a concat, a graph input) or that an earlier Add has
-fixed keeps its scale; with both inputs fixed only sC can move, which rarely finds a match: such
+whose scale another op depends on (a windowed pool, a concat, a graph input; a global pool only
+where its rescale is exact by luck) or that an earlier Add has fixed keeps its scale; with both inputs fixed only sC can move, which rarely finds a match: such
 an Add is left as it was. Typical moves are ~0.005 % (deep-sort MobileNetV2, EfficientNet-Lite0),
 at most ``MAX_CHANGE``.
 
@@ -32,7 +32,8 @@ _CONV = ("Conv", "Gemm", "MatMul")
 # QOperator ops: input index of an activation scale -> role ("conv": its layer is re-exactified)
 _QOPS = {("QLinearConv", ""): {1: "conv", 6: "conv"}, ("QGemm", "com.microsoft"): {1: "conv", 7: "conv"},
          ("QLinearAdd", "com.microsoft"): {1: "add", 4: "add", 6: "add"},
-         ("QLinearMul", "com.microsoft"): {1: "add", 4: "add", 6: "add"}}
+         ("QLinearMul", "com.microsoft"): {1: "add", 4: "add", 6: "add"},
+         ("QLinearGlobalAveragePool", "com.microsoft"): {1: "gap"}}
 
 
 def exact_add_scales(m: onnx.ModelProto, is_layer) -> dict[str, np.float32]:
@@ -147,6 +148,8 @@ def _use_ok(n, idx, inits, producer, consumers, site_nodes, outputs, is_layer) -
         role = _QOPS[(n.op_type, n.domain or "")].get(idx)
         if idx in (1, 4) and n.input[idx - 1] in outputs:       # the scale of a graph input
             return False
+        if role == "gap":
+            return gap_follows(n.input[1], n.input[3], inits)
         return role == "add" and id(n) in site_nodes or role == "conv" and is_layer(n)
     if idx != 1 or n.input[0] in inits:
         return False
@@ -158,8 +161,28 @@ def _use_ok(n, idx, inits, producer, consumers, site_nodes, outputs, is_layer) -
         uses = consumers.get(n.output[0], [])
         return n.output[0] not in outputs and n.input[0] not in outputs and all(
             id(u) in site_nodes or (u.op_type in _CONV and list(u.input).index(n.output[0]) == 0
-                                    and is_layer(u)) for u in uses)
+                                    and is_layer(u)) or qdq_gap_follows(u, n.input[1], inits, consumers)
+            for u in uses)
     return False
+
+
+def gap_follows(xs: str, ys: str, inits) -> bool:
+    """May a global average pool's input scale ``xs`` move? Its rescale ``xs / (ys·n)`` is exact
+    only by luck (ys = xs·2**k, as when both are one initializer, which then moves together):
+    it follows unless that luck would be lost (``xs/ys`` a power of two)."""
+    if xs == ys:
+        return True
+    if ys not in inits or any(d != 1 for d in inits[ys].dims):
+        return False
+    r = float(_scalar(inits, xs)) / float(_scalar(inits, ys))
+    return not (r > 0 and np.frexp(r)[0] == 0.5)
+
+
+def qdq_gap_follows(u, xs, inits, consumers) -> bool:
+    """``gap_follows`` for a QDQ ``Q ∘ GlobalAveragePool`` reading the scale ``xs``."""
+    outs = consumers.get(u.output[0], [])
+    return u.op_type == "GlobalAveragePool" and len(outs) == 1 and outs[0].op_type == "QuantizeLinear" \
+        and gap_follows(xs, outs[0].input[1], inits)
 
 
 def _solve(a, b, c, scales, movable, ahead=()) -> dict[str, np.float32] | None:

@@ -18,12 +18,13 @@ import onnx
 from onnx import numpy_helper
 
 from ..numerics import avgpool_exact_scale
-from .exact_adds import graph_index
+from .exact_adds import qdq_gap_follows, gap_follows, graph_index
 
 _F32 = np.float32
 _FOLLOW = {"Conv", "Gemm", "MatMul", "Add", "AveragePool", "MaxPool", "Concat"}   # DQ readers that follow
 _QOPS = {("QLinearConv", ""): (1, 6), ("QGemm", "com.microsoft"): (1, 7), ("QLinearAdd", "com.microsoft"): (1, 4, 6),
-         ("QLinearAveragePool", "com.microsoft"): (1, 3), ("QLinearConcat", "com.microsoft"): None}
+         ("QLinearAveragePool", "com.microsoft"): (1, 3), ("QLinearConcat", "com.microsoft"): None,
+         ("QLinearGlobalAveragePool", "com.microsoft"): (1,)}
 
 
 def exact_pool_scales(m: onnx.ModelProto, is_layer) -> dict[str, np.float32]:
@@ -81,6 +82,7 @@ def _follows(name, g, inits, producer, consumers, is_layer) -> bool:
             allowed = _QOPS[key]
             if (allowed is not None and any(i not in allowed or (i in (1, 4) and n.input[i - 1] in outputs)
                                             for i in idx)) or \
+                    (key[0] == "QLinearGlobalAveragePool" and not gap_follows(name, n.input[3], inits)) or \
                     (key[0] in ("QLinearConv", "QGemm") and not is_layer(n)):
                 return False
         elif n.op_type == "QuantizeLinear" and idx == [1]:
@@ -90,8 +92,8 @@ def _follows(name, g, inits, producer, consumers, is_layer) -> bool:
                 return False
         elif n.op_type == "DequantizeLinear" and idx == [1] and n.input[0] not in inits:
             if n.output[0] in outputs or n.input[0] in outputs or not all(
-                    u.op_type in _FOLLOW and (u.op_type not in ("Conv", "Gemm", "MatMul") or is_layer(u))
-                    for u in consumers.get(n.output[0], [])):
+                    (u.op_type in _FOLLOW and (u.op_type not in ("Conv", "Gemm", "MatMul") or is_layer(u)))
+                    or qdq_gap_follows(u, name, inits, consumers) for u in consumers.get(n.output[0], [])):
                 return False
         else:
             return False
