@@ -64,8 +64,8 @@ def test_residual_network_native_bit_exact(seed, fmt, per_channel, act, pool_end
         assert res.ok and all(od.differ == 0 for od in res.op_diffs if od.op == "torq_hl.add"), res.op_diffs
         # every rescale exact (the pool only where its own scale is: ORT gives it another output scale)
         assert pool_end or (all(o.exact for o in res.outputs) and all(od.differ == 0 for od in res.op_diffs))
-    # the pass off (adds=False): the Adds keep the reference compiler's NTP
-    assert [st.attrs["round_ties_even"] for st in _adds(torq.compile(exact_scales(q, adds=False)))] == [0, 0]
+    # the pass off (activations=False): the Adds keep the reference compiler's NTP
+    assert [st.attrs["round_ties_even"] for st in _adds(torq.compile(exact_scales(q, activations=False)))] == [0, 0]
 
 
 def test_moved_scales_keep_the_model_s_values():

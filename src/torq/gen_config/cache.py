@@ -21,7 +21,7 @@ from .report_check import result_problem
 
 #: bump when the comparison or recommendation rules, or how a layer is quantized, change (old cached
 #: verdicts become stale; 3: --input-shape no longer fails every per-layer quantization; 4: exact scales
-#: reach QOperator's QLinearConv and QGemm; 5: exact scales move the activation scales around each Add)
+#: reach QOperator's QLinearConv and QGemm; 5: exact scales move the activation scales of Adds and pools)
 RULES_VERSION = 5
 FORMAT_VERSION = 3
 

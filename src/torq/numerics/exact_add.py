@@ -8,6 +8,11 @@ MobileNetV2: 3 of 18816, 9 LSB at the logits). If both ratios are multiples of `
 every partial sum stays below ``2**(24-g)``, each float32 step is exact, ORT rounds the exact
 value half to even, and the ACT's NTE mode with the multipliers ``r·2**shift`` (exact) computes
 the same integers. ``quantize.exact_scales`` moves activation scales so that Adds get there.
+
+Windowed average pools likewise (``avgpool_exact_scale``): ORT dequantizes each value to float,
+sums, divides by the count and by ``ys``; with ``ys = xs`` (ORT's quantizer shares them) a
+power-of-two count and ``xs`` of few enough significant bits, every step is exact and the ACT's
+NTE (which the compiler already picks for ``xs / (ys·count) = 1/count``) gives ORT's integers.
 """
 from __future__ import annotations
 
@@ -16,7 +21,7 @@ from fractions import Fraction
 
 import numpy as np
 
-__all__ = ["add_ratios_ort", "add_exact_ratios", "add_grid_bits", "ADD_OPERAND_BOUND"]
+__all__ = ["add_ratios_ort", "add_exact_ratios", "add_grid_bits", "ADD_OPERAND_BOUND", "avgpool_exact_scale"]
 
 ADD_OPERAND_BOUND = 255      # |a|, |b|, |zA|, |zB|, |zC| of int8 / uint8 operands
 _F32 = np.float32
@@ -46,3 +51,17 @@ def add_exact_ratios(sa, sb, sc) -> bool:
         return False
     g = max(Fraction(r).denominator.bit_length() - 1 for r in (ra, rb))
     return _partial_bound(ra, rb) * 2.0 ** g <= _FLOAT32_INT
+
+
+def avgpool_exact_scale(xs, count: int) -> np.float32 | None:
+    """The float32 nearest ``xs`` on which ORT's windowed average pool (``ort.avgpool_ort``, with
+    ``ys = xs`` and ``count`` cells per window) is exact: ``xs·(x - zx)`` (|x - zx| <= 255) and the sum of
+    ``count`` of them fit 24 bits, so ``xs`` keeps ``16 - log2(count)`` significant bits;
+    dividing by the power-of-two count and by ``ys = xs`` is then exact too. None for a count
+    that is not a power of two (``1/count`` is no dyadic)."""
+    count = int(count)
+    if count < 1 or count & (count - 1) or not (float(xs) > 0 and math.isfinite(float(xs))):
+        return None
+    bits = 24 - 8 - (count.bit_length() - 1)
+    mant, exp = math.frexp(float(_F32(xs)))
+    return _F32(math.ldexp(round(math.ldexp(mant, bits)), exp - bits))

@@ -15,9 +15,10 @@ This pass moves each weight scale to the nearest float32 ``ws'`` whose ``s`` is 
 re-quantizes the weights (from the fp32 model's weights when given, else from the int8 ones)
 and the int32 bias with the new scales. Channels it cannot match keep their scale.
 
-First, ``exact_adds`` moves the activation scales around each Add (its output, and inputs that
-Convs produce) so that ORT's QLinearAdd is exact too; the weight pass then matches those Convs
-to their new activation scales (and re-quantizes the biases of Convs whose input scale moved).
+First, ``exact_pools`` and ``exact_adds`` move the activation scales of windowed average pools
+and around each Add (its output, and inputs that Convs produce) so that ORT's float pool and
+QLinearAdd are exact too; the weight pass then matches those Convs to their new activation
+scales (and re-quantizes the biases of Convs whose input scale moved).
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from onnx import numpy_helper
 
 from ..numerics import EXACT_GRID_BITS, dq_scale, exact_dyadic, ort_requant_scale, quantize_ort
 from .exact_adds import exact_add_scales
+from .exact_pools import exact_pool_scales
 
 _F32 = np.float32
 _SEARCH_ULPS = 4
@@ -68,13 +70,15 @@ def exact_weight_scale(xs, ws, ys) -> np.float32 | None:
     return None
 
 
-def exact_scales(qmodel: onnx.ModelProto, fp32: onnx.ModelProto | None = None, *, adds: bool = True) -> onnx.ModelProto:
+def exact_scales(qmodel: onnx.ModelProto, fp32: onnx.ModelProto | None = None, *,
+                 activations: bool = True) -> onnx.ModelProto:
     """A copy of the quantized model with every matchable weight scale moved to an exact-dyadic
     requant scale (module docstring): QDQ ``DQ -> Conv/Gemm/MatMul -> Q`` and QOperator
     ``QLinearConv`` / ``QGemm`` (ORT computes their requant scale the same way, ``fl32(fl32(xs·ws)/ys)``).
     ``fp32``: the model that was quantized (its weights, by the quantizer's ``<name>_quantized``
-    naming, are re-quantized instead of the int8 values). ``adds``: first move the activation
-    scales around each Add to ratios on which ORT's QLinearAdd is exact (``exact_adds``)."""
+    naming, are re-quantized instead of the int8 values). ``activations``: first move the activation
+    scales of average pools and around each Add to values on which ORT's float arithmetic for them
+    is exact (``exact_pools``, ``exact_adds``)."""
     m = onnx.ModelProto()
     m.CopyFrom(qmodel)
     g = m.graph
@@ -94,7 +98,11 @@ def exact_scales(qmodel: onnx.ModelProto, fp32: onnx.ModelProto | None = None, *
         if n.op_type == "QGemm" and n.domain == "com.microsoft":
             return _qgemm_layer(n, inits)
         return None
-    moved = exact_add_scales(m, lambda n: layer(n) is not None) if adds else {}
+    moved: dict = {}
+    if activations:
+        is_layer = lambda n: layer(n) is not None      # noqa: E731
+        moved = exact_pool_scales(m, is_layer)
+        moved = {**exact_add_scales(m, is_layer), **moved}   # the Add pass never moves a pool's scale
     for n in g.node:
         found = layer(n)
         if found is not None:

@@ -70,16 +70,16 @@ class QAdd(QBinary):
         op, a, b, (sa, za, sb, zb), wide = m
         sc = float(root.q.scale)
         ma, mb, shift = numerics.add_multipliers(sa, sb, sc)
+        # ORT fuses only an ONNX Add straight between DQs and a Q into QLinearAdd
+        # (never with int16 activations: ORT has no 16-bit QLinearAdd)
+        kernel = "QLinearAdd" if ctx.onnx_op(op) in ("Add", "QLinearAdd", "") and not root.clamps and not wide \
+            else "float"
         attrs = dict(input_zp=0, output_zp=int(root.q.zp), output_min=root.q.lo, output_max=root.q.hi,
                      shift_factor=shift, weights=[ma, mb], scale_bias=[-(za * ma + zb * mb), 1],
-                     # exact ratios: ORT's float Add is exact, the ACT's NTE gives its integers
-                     round_ties_even=int(not wide and numerics.add_exact_ratios(sa, sb, sc)),
+                     # exact ratios: ORT's QLinearAdd is exact, the ACT's NTE gives its integers
+                     round_ties_even=int(kernel == "QLinearAdd" and numerics.add_exact_ratios(sa, sb, sc)),
                      input_zps=[za, zb], ort_input_scales=[sa, sb], ort_output_scale=[sc],
-                     ort_zp_shift=ctx.ort_zp_shift,
-                     # ORT fuses only an ONNX Add straight between DQs and a Q into QLinearAdd
-                     # (never with int16 activations: ORT has no 16-bit QLinearAdd)
-                     ort_kernel="QLinearAdd" if ctx.onnx_op(op) in ("Add", "QLinearAdd", "") and not root.clamps
-                     and not wide else "float")
+                     ort_zp_shift=ctx.ort_zp_shift, ort_kernel=kernel)
         return emit("add", root, [a, b], attrs, op)
 
 
