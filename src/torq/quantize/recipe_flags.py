@@ -176,8 +176,8 @@ def with_flags(base: Recipe, changes: dict, data_elsewhere: bool = False) -> tup
     elif str(merged["quant_dtype"]).upper() == "A16W8":
         why = "--quant-dtype A16W8: every activation is int16, so the recipe's --precision auto is off"
     elif not merged["calibration_data"] and not data_elsewhere:
-        why = (f"{NO_DATA}: the recipe's mixed precision (--precision auto) measures which layers "
-               "int8 hurts on real inputs, so with synthetic samples it is off: every layer int8")
+        why = (f"{NO_DATA}: mixed precision (--precision auto) is measured on real inputs, so it is off: "
+               "every layer int8")
     else:
         return base.replace(**changes), None
     # auto's own knobs go back to their defaults unless given: mixed without auto is gptq itself
