@@ -71,3 +71,12 @@ def test_quantize_prints_a_line_per_stage(tmp_path, monkeypatch, capsys):
     for what in ("fold", "dead channels", "cross-layer equalization", "bias correction",
                  "calibration + ONNX Runtime", "exact scales"):
         assert re.search(rf"^\[\d\d:\d\d:\d\d\] quantize: {re.escape(what)}.*: done in \d+\.\d s$", err, re.M), (what, err)
+
+
+def test_a_preset_with_data_keeps_its_name():
+    """Calibration data, preprocessing and input sizes do not make a preset "custom" (summaries and
+    evaluation.json name it); any other field does."""
+    from torq.quantize.recipe import preset_name
+    r = preset("mixed").replace(calibration_data="photos/", preprocess="resize=256,crop=224,norm=tf")
+    assert preset_name(r) == "mixed" and r.describe().startswith("mixed [")
+    assert preset_name(r.replace(num_calib=7)) is None and r.replace(num_calib=7).describe().startswith("custom [")

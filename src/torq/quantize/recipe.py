@@ -213,8 +213,15 @@ def preset(name: str) -> Recipe:
     return PRESETS[key]
 
 
+#: What a recipe is given for the model at hand, not how it quantizes: a preset with these set is
+#: still that preset (``preset_name``; the fingerprint covers them all the same).
+DATA_FIELDS = ("calibration_data", "preprocess", "input_shape")
+
+
 def preset_name(r: Recipe) -> str | None:
-    return next((k for k, v in PRESETS.items() if v == r), None)
+    """The preset ``r`` is, up to its data (``DATA_FIELDS``), or None."""
+    bare = r.replace(**{f: getattr(Recipe(), f) for f in DATA_FIELDS})
+    return next((k for k, v in PRESETS.items() if v == bare), None)
 
 
 # ----------------------------------------------------------------------------- apply
