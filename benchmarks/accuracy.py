@@ -46,10 +46,13 @@ PATHS = ("fp32", "int8_ort", "int8_nss")
 
 def measure(name: str, entry: dict, args) -> dict:
     from torq.evaluate import EvalOptions, evaluate
-    from torq.quantize.recipe_flags import given, load_recipe
+    from torq.quantize.recipe_flags import given, load_recipe, with_flags
     dataset = args.imagenet_dir if name in IMAGENET_ROWS and args.imagenet_dir else entry["dataset"]
     recipe = load_recipe(args.recipe).replace(preprocess=entry["preprocess"], calibration_data=entry["calibration"])
-    opts = EvalOptions(recipe=recipe.replace(**given(args)), batch=args.batch, limit=args.limit,
+    recipe, why = with_flags(recipe, given(args), data_elsewhere=True)
+    if why:
+        print(f"{name}: note: {why}", file=sys.stderr)
+    opts = EvalOptions(recipe=recipe, batch=args.batch, limit=args.limit,
                        jobs=args.jobs, threads=args.threads, sqnr_images=args.sqnr_images,
                        onnx_reference=args.onnx_reference, half=args.half)
     result = evaluate(entry["model"], dataset, options=opts)

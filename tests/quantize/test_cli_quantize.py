@@ -24,6 +24,8 @@ def test_quantize_default_output_and_summary(tmp_path):
     r = cli("quantize", "--model", tmp_path / "net.onnx", "--full-integer", "--per-channel")
     assert r.returncode == 0, r.stderr
     assert r.stderr == ""
+    # the default (mixed) measures its int16 layers on real inputs: without data, all int8, said
+    assert "recipe gptq [" in r.stdout and "no --calibration-data" in r.stdout
     out = tmp_path / "net.int8.onnx"
     q = onnx.load(out)
     assert q.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.INT8
@@ -36,14 +38,39 @@ def test_quantize_default_output_and_summary(tmp_path):
 
 
 def test_quantize_qoperator_with_dataset_and_output(tmp_path):
+    """The default recipe's mixed precision has no QOperator form: with --quant-format qoperator it
+    is off (one note, every layer int8); an explicit --precision auto there is refused."""
     build_example_cnn(tmp_path / "net.onnx")
     np.savez(tmp_path / "c.npz", input=np.random.default_rng(0).uniform(-1, 1, (4, 3, 32, 32)))
-    r = cli("quantize", "-m", tmp_path / "net.onnx", "-o", tmp_path / "o" / "q.onnx",
-            "--quant-format", "QOperator", "--calibrate-method", "entropy", "--num-calib", "4",
-            "--calibration-data", tmp_path / "c.npz")
+    args = ("-m", tmp_path / "net.onnx", "-o", tmp_path / "o" / "q.onnx", "--quant-format", "QOperator",
+            "--calibrate-method", "entropy", "--num-calib", "4", "--calibration-data", tmp_path / "c.npz")
+    r = cli("quantize", *args)
     assert r.returncode == 0, r.stderr
+    assert len(r.stderr.splitlines()) == 1 and "] note: --quant-format qoperator:" in r.stderr, r.stderr
     assert "QLinearConv x4" in r.stdout and "format:   qoperator" in r.stdout
     assert (tmp_path / "o" / "q.onnx").is_file()
+    assert not any(t.data_type == onnx.TensorProto.INT16 for t in onnx.load(tmp_path / "o" / "q.onnx").graph.initializer)
+    r = cli("quantize", *args, "--precision", "auto")
+    assert r.returncode == 2 and len(r.stderr.splitlines()) == 1 and "need --quant-format qdq" in r.stderr, r.stderr
+
+
+def test_quantize_default_is_mixed_with_int8_graph_outputs(tmp_path):
+    """With calibration data the default recipe (mixed) promotes the layers int8 hurts most to
+    int16 within its MAC cap, never one writing a graph output: the model's I/O stays int8."""
+    import json
+    build_example_cnn(tmp_path / "net.onnx")
+    np.savez(tmp_path / "c.npz", input=np.random.default_rng(0).uniform(-1, 1, (9, 3, 32, 32)))
+    r = cli("quantize", "-m", tmp_path / "net.onnx", "--calibration-data", tmp_path / "c.npz", cwd=tmp_path)
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert "logits: int8[1,10]" in r.stdout and "input: int8[1,3,32,32]" in r.stdout
+    q = onnx.load(tmp_path / "net.int8.onnx")
+    assert q.graph.output[0].type.tensor_type.elem_type == onnx.TensorProto.INT8
+    report = json.loads((tmp_path / "net.int8.precision.json").read_text())
+    assert report["int16_layers"] and "logits" not in report["int16_layers"]
+    assert report["int8_mac_share"] >= 0.95
+    why = {c["name"]: c["why"] for c in report["layers"]}
+    assert "graph output" in why["logits"]
+    assert any(t.data_type == onnx.TensorProto.INT16 for t in q.graph.initializer)
 
 
 def test_help_on_every_subcommand():
@@ -143,7 +170,7 @@ def test_quantize_precision_auto_writes_its_choice(tmp_path):
     q = onnx.load(tmp_path / "net.int8.onnx")
     wide = {t.name for t in q.graph.initializer if t.data_type == onnx.TensorProto.INT16}
     assert bool(wide) == bool(report["int16_layers"])
-    r = cli("quantize", "-m", tmp_path / "net.onnx", "--precision", "auto", cwd=tmp_path)
+    r = cli("quantize", "-m", tmp_path / "net.onnx", "--precision", "auto", "--accuracy-budget", "0.5", cwd=tmp_path)
     assert r.returncode != 0 and "needs real calibration data" in r.stderr and "Traceback" not in r.stderr
     r = cli("quantize", "-m", tmp_path / "net.onnx", "--precision", "auto", "--accuracy-budget", "0",
             "--int16-macs", "30", "--per-channel", "-o", tmp_path / "cap.onnx", cwd=tmp_path)

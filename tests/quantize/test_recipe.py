@@ -166,7 +166,7 @@ def test_quantize_writes_the_model_evaluate_measured(probe_model_path, tmp_path,
 
 @pytest.mark.slow
 def test_torq_compile_runs_what_evaluate_measured(probe_model_path, tmp_path):
-    """The recommended recipe (today gptq: int8 weights rounded for least output error) through the
+    """The recommended recipe (today mixed: gptq + int16 layers by measurement) through the
     user's path — `quantize --recipe recommended` then `torq-compile --emit program` — is the model
     evaluate measured: the same ONNX bytes, and the Program's NSS top-1 on the evaluated images is
     evaluate's INT8-NSS top-1, image by image."""

@@ -88,7 +88,7 @@ def run(args) -> int:
         raise TorqError(f"--limit {args.limit} must be at least 1")
     if not Path(args.model).is_file():
         raise TorqError(f"--model {args.model}: no such file")
-    recipe = recipe_from_args(args)
+    recipe = recipe_from_args(args, data_elsewhere=True)      # (calibrates on held-apart images)
     opts = EvalOptions(recipe=recipe, batch=args.batch, limit=args.limit, calibration_split=args.calibration_split,
                        half=args.half, split_seed=args.split_seed,
                        sqnr_images=args.sqnr_images, onnx_reference=args.onnx_reference,

@@ -14,6 +14,8 @@ within X of FP32, chosen by measurement on calibration data only.
    disagreement, which counts every flip between two near-tied classes as a whole error (13 % of
    int8 EfficientNet-Lite0's top-1s on photos unlike ImageNet, where FP32 is unsure), is reported
    beside it. Promotion stops at ``max_int16_share`` of the MACs (``--int16-macs``).
+   Under full-integer I/O a layer writing a graph output is never promoted: the graph's outputs
+   stay int8 (``precision.output_layers``).
    Budget 0 asks for no search: the longest prefix within the MAC cap is promoted outright (the
    knob is then the cap, chosen on a tuning set: benchmarks/recipe_choice.py); the held-apart
    samples are not needed to judge it, and no trial model is quantized.
@@ -91,21 +93,22 @@ def compare(reference: np.ndarray, got: np.ndarray) -> tuple[float, float, float
 
 
 def choose(fp32: onnx.ModelProto, quantize_fn, calibration: list[dict], holdout: list[dict], budget: float,
-           max_int16_share: float = 0.10, progress=None) -> AutoPrecision:
+           max_int16_share: float = 0.10, progress=None, keep_int8=frozenset()) -> AutoPrecision:
     """See the module docstring. ``quantize_fn(precision) -> quantized model`` (float I/O or
     full-integer with the same input; ``precision`` a {node: "int16"} dict); ``calibration`` /
-    ``holdout``: disjoint lists of input dicts."""
+    ``holdout``: disjoint lists of input dicts; ``keep_int8``: layers never promoted (measured and
+    reported all the same): those writing a graph output under full-integer I/O."""
     if not holdout:
         raise TorqError("--precision auto needs held-apart calibration images (none left after the split)")
     say = progress or (lambda *_: None)
     sens = measure(fp32, calibration, progress=lambda i, n, name: say(f"sensitivity {i + 1}/{n}: {name}"))
     cost, total = int16_macs(fp32, sens)
     sens = [replace(s, macs=cost[s.name]) for s in sens]
-    ranked = sorted((s for s in sens if s.kl > 0), key=lambda s: -s.kl / max(s.macs, 1))
+    ranked = sorted((s for s in sens if s.kl > 0 and s.name not in keep_int8), key=lambda s: -s.kl / max(s.macs, 1))
     cap = _cap(ranked, total, max_int16_share)
     if budget == 0:                   # no search: the cap decides (module docstring)
         share = sum(s.macs for s in ranked[:cap]) / total
-        return _result(sens, ranked, cap, cap, budget, (None, None, share, None), {}, total, 0)
+        return _result(sens, ranked, cap, cap, budget, (None, None, share, None), {}, total, 0, keep_int8)
     reference = outputs_of(fp32, batched(fp32, holdout), fused=False)
     cache: dict[int, tuple] = {}
 
@@ -121,7 +124,7 @@ def choose(fp32: onnx.ModelProto, quantize_fn, calibration: list[dict], holdout:
     k = _search(trial, budget, cap)
     if trial(k)[0] > budget:          # never within: the best prefix tried (loss, then KL)
         k = min(cache, key=lambda n: (cache[n][0], cache[n][1], n))
-    return _result(sens, ranked, k, cap, budget, trial(k), cache, total, len(reference))
+    return _result(sens, ranked, k, cap, budget, trial(k), cache, total, len(reference), keep_int8)
 
 
 def int16_macs(fp32: onnx.ModelProto, sens: list[LayerSensitivity]) -> tuple[dict[str, int], int]:
@@ -180,7 +183,7 @@ def _search(trial, budget: float, cap: int) -> int:
     return hi
 
 
-def _result(sens, ranked, k, cap, budget, chosen, cache, total, images) -> AutoPrecision:
+def _result(sens, ranked, k, cap, budget, chosen, cache, total, images, keep_int8=frozenset()) -> AutoPrecision:
     loss, kl, share, dis = chosen
     promoted = {s.name for s in ranked[:k]}
     rank = {s.name: i + 1 for i, s in enumerate(ranked)}
@@ -188,7 +191,9 @@ def _result(sens, ranked, k, cap, budget, chosen, cache, total, images) -> AutoP
     layers = []
     for s in sens:
         mac = f"int16 output: {100 * s.macs / total:.2f} % of MACs int16 × int8"
-        if loss is None:            # budget 0: the MAC cap decides
+        if s.name in keep_int8:
+            why = f"int8: its output is a graph output, which full-integer I/O keeps int8 (KL {s.kl:.2e} in int8)"
+        elif loss is None:            # budget 0: the MAC cap decides
             why = (f"int16: rank {rank[s.name]} by KL per MAC (KL {s.kl:.2e} in int8, {mac}), within the int16 "
                    "MAC cap" if s.name in promoted else
                    f"int8: promoting it would pass the int16 MAC cap ({mac}, rank {rank[s.name]})"
@@ -229,7 +234,7 @@ def apply_auto(recipe, src: onnx.ModelProto, reader, *, where: str = "model", wr
     chosen (``choose``), then the final model quantized with them on every calibration sample
     and the choice stamped on it (``precision.stamp``). Returns a ``recipe.Quantized`` whose recipe names the chosen layers."""
     from .calibration import ArrayDataReader
-    from .precision import name_nodes, stamp
+    from .precision import name_nodes, output_layers, stamp
     from .recipe import Quantized, prepare, quantize_prepared
     calib, hold = split_holdout(samples_of(reader))
     base = recipe.replace(precision=tuple(p for p in recipe.precision if p[0] != "*"))
@@ -242,10 +247,14 @@ def apply_auto(recipe, src: onnx.ModelProto, reader, *, where: str = "model", wr
         return quantize_prepared(with_layers(chosen).replace(full_integer=False), prepared,
                                  ArrayDataReader(calib), where=where)
     from ..progress import stage
+    # full-integer I/O is int8 at the graph's edges (what the NPU's caller reads): a layer writing a
+    # graph output stays int8 (an int16 output would change the model's output type; int16 then
+    # requantized to int8 there only rounds twice)
+    keep = output_layers(prepared) if recipe.full_integer else set()
     with stage(f"quantize: precision auto (per-layer sensitivity on {len(calib)} samples"
                + (")" if recipe.accuracy_budget == 0 else ", trial models)")):
         result = choose(prepared, trial, calib, hold, recipe.accuracy_budget,
-                        max_int16_share=recipe.int16_macs / 100)
+                        max_int16_share=recipe.int16_macs / 100, keep_int8=keep)
     final = with_layers(result.precision)
     # the final model is the resolved recipe applied as any recipe is, on *every* calibration
     # sample (the held-apart ones only judged the choice): `quantize --recipe <resolved>.json`

@@ -77,10 +77,11 @@ def _cmd_quantize(args) -> int:
     from ..fileio import save_model
     from ..graph.load import load_model
     from .recipe import apply
-    from .recipe_flags import recipe_from_args
+    from .recipe_flags import NO_DATA, recipe_from_args, say_note
     from .summary import summary_lines
 
-    recipe = recipe_from_args(args)          # every flag checked before the model work
+    notes: list = []
+    recipe = recipe_from_args(args, notes=notes)          # every flag checked before the model work
     model = Path(args.model)
     out = Path(args.output) if args.output else default_output(model)
     refuse_overwrite(out, "--output", {"--model": model, "--calibration-data": recipe.calibration_data})
@@ -88,6 +89,9 @@ def _cmd_quantize(args) -> int:
     if ("*", "auto") in recipe.precision and recipe.accuracy_budget > 0 and not recipe.calibration_data:
         raise TorqError("--precision auto needs real calibration data (--calibration-data): the choice is "
                         "measured against FP32 on held-apart samples")
+    for n in notes:
+        if not n.startswith(NO_DATA):
+            say_note(n)
     q = apply(recipe, model).model        # stage lines (fold, CLE, calibration, ...) on stderr
     save_model(q, out)
     _auto_report(q, out, recipe)
@@ -95,6 +99,7 @@ def _cmd_quantize(args) -> int:
         else f"synthetic x{recipe.num_calib}"
     print(f"torq-gen-config quantize: wrote {out}")
     for line in summary_lines(fp32, q, src_path=model, out_path=out,
-                              settings=f"recipe {recipe.describe()}; calibration={calib}"):
+                              settings=f"recipe {recipe.describe()}; calibration={calib}"
+                              + "".join(f"; {n}" for n in notes if n.startswith(NO_DATA))):
         print("  " + line)
     return 0

@@ -59,6 +59,20 @@ def layers(model: onnx.ModelProto) -> list[str]:
     return [n.name for n in model.graph.node if n.op_type not in MOVES and n.op_type not in _SKIP]
 
 
+def output_layers(model: onnx.ModelProto) -> set[str]:
+    """The layers whose output is a graph output, directly or through data movement (the
+    precision an output carries, as ``resolve`` passes it on: a move takes its first input's)."""
+    producer = {o: n for n in model.graph.node for o in n.output if o}
+    found = set()
+    for out in model.graph.output:
+        n = producer.get(out.name)
+        while n is not None and n.op_type in MOVES:
+            n = next((producer[i] for i in n.input if i in producer), None)
+        if n is not None and n.op_type not in _SKIP:
+            found.add(n.name)
+    return found
+
+
 def check_precision(model: onnx.ModelProto, precision: Mapping[str, str], where: str = "model") -> None:
     """One-line TorqError for an unknown node or precision (names the first bad entry)."""
     known = {n.name: n.op_type for n in model.graph.node}

@@ -193,18 +193,15 @@ PRESETS: dict[str, Recipe] = {
                     precision=(("*", "auto"),), accuracy_budget=0.0, int16_macs=5.0),
 }
 #: The default of every command (quantize, discover, run, evaluate, the benchmarks) and the
-#: ``recommended`` alias: chosen on the tuning half of the evaluation images by
-#: benchmarks/recipe_choice.py (2026-12-02, session 3: candidates exact, gptq, cle on
-#: EfficientNet-Lite0/1/2; gptq the first within 0.5 points of FP32 on every model's tuning half,
-#: +0.4 on each, all MACs int8), reported on the other half (docs/recipes.md). The mixed-precision
-#: recipe to recommend is the preset ``mixed`` (session 4, ``recipe_choice.py --criterion kl``:
-#: gptq and gptq with the int16 MAC cap at 2.5 / 5 / 10 % on EfficientNet-Lite0/1/2, pooled output
-#: KL to FP32 0.0060 / 0.0052 / 0.0049 / 0.0048; the 5 % cap the first not worse than the best
-#: beyond noise); it is not the default because it changes what every command writes (an int16
-#: graph output when the last layer is promoted; no QOperator form), docs/recipes.md. ``Recipe()`` itself
-#: is ORT's quantize_static defaults behind the front end: the base presets change, and the
-#: defaults of the Python ``quantize()`` (which keeps ORT's keyword vocabulary).
-RECOMMENDED = "gptq"
+#: ``recommended`` alias: chosen on the tuning half of the evaluation images, reported on the other
+#: half (docs/recipes.md). Session 3 (top-1 rule, candidates exact / gptq / cle on EfficientNet-
+#: Lite0/1/2) chose gptq; sessions 4-5 (``benchmarks/recipe_choice.py --criterion kl``: gptq and gptq
+#: with the int16 MAC cap at 2.5 / 5 / 10 %, pooled output KL to FP32) chose the 5 % cap = ``mixed``.
+#: Where mixed precision cannot apply (--quant-format qoperator, --quant-dtype A16W8, no calibration
+#: data) the command says so and quantizes every layer int8: ``recipe_flags.with_flags``.
+#: ``Recipe()`` itself is ORT's quantize_static defaults behind the front end: the base presets
+#: change, and the defaults of the Python ``quantize()`` (which keeps ORT's keyword vocabulary).
+RECOMMENDED = "mixed"
 
 
 def preset(name: str) -> Recipe:
@@ -216,8 +213,15 @@ def preset(name: str) -> Recipe:
     return PRESETS[key]
 
 
+#: What a recipe is given for the model at hand, not how it quantizes: a preset with these set is
+#: still that preset (``preset_name``; the fingerprint covers them all the same).
+DATA_FIELDS = ("calibration_data", "preprocess", "input_shape")
+
+
 def preset_name(r: Recipe) -> str | None:
-    return next((k for k, v in PRESETS.items() if v == r), None)
+    """The preset ``r`` is, up to its data (``DATA_FIELDS``), or None."""
+    bare = r.replace(**{f: getattr(Recipe(), f) for f in DATA_FIELDS})
+    return next((k for k, v in PRESETS.items() if v == bare), None)
 
 
 # ----------------------------------------------------------------------------- apply

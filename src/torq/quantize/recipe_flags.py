@@ -67,10 +67,11 @@ FLAGS: dict[str, tuple[tuple[str, ...], dict]] = {
         "comma list of op types: quantize only these (e.g. Conv,Gemm)"))),
     "op_types_to_exclude": (("--op-types-to-exclude",), dict(metavar="LIST", help="comma list of op types left float")),
     "precision": (("--precision",), dict(metavar="P|NODE=P,...|auto", help=(
-        "activation precision, int8 (default), int16 or bf16: one for the whole model (evaluate "
-        "--precision bf16: FP32 vs BF16 on the NSS, no calibration) or per layer, NODE=P,...; auto: the "
-        "fewest int16 layers (by MACs) keeping top-1 within --accuracy-budget of FP32 on held-apart "
-        "calibration samples (docs/mixed-precision.md)"))),
+        "activation precision, int8, int16 or bf16: one for the whole model (evaluate "
+        "--precision bf16: FP32 vs BF16 on the NSS, no calibration) or per layer, NODE=P,...; auto (the "
+        "default recipe's, with --accuracy-budget 0 --int16-macs 5): the fewest int16 layers (by MACs) keeping "
+        "top-1 within --accuracy-budget of FP32 on held-apart calibration samples; budget 0: the most "
+        "sensitive layers up to --int16-macs (docs/mixed-precision.md); int8: every layer int8"))),
     "accuracy_budget": (("--accuracy-budget",), dict(type=float, metavar="POINTS", help=(
         "--precision auto: expected top-1 loss vs FP32 allowed on the held-apart third of the calibration "
         "samples (FP32's softmax standing in for their labels), percentage points (default 0.5); 0: no "
@@ -91,8 +92,10 @@ def add_recipe_arguments(parser: argparse.ArgumentParser, title: str | None = No
     names = ", ".join([*PRESETS, "recommended"])
     g.add_argument("--recipe", default=RECOMMENDED, metavar="NAME|FILE.json", help=(
         f"start from a named recipe ({names}) or a recipe JSON file; the flags below change single "
-        f"fields (default: recommended = {RECOMMENDED}, the same on every command; docs/recipes.md "
-        "says what each costs and gains)"))
+        f"fields (default: recommended = {RECOMMENDED}, the same on every command: gptq int8 weights, int16 "
+        "activations on the layers int8 hurts most (measured on the calibration data, at most 5 %% of the "
+        "MACs, never a graph output); without --calibration-data, with --quant-format qoperator or "
+        "--quant-dtype A16W8 every layer int8 (= gptq); docs/recipes.md says what each costs and gains)"))
     for name, (flags, kw) in FLAGS.items():
         g.add_argument(*flags, dest=_dest(name), default=None, **kw)
     g.add_argument("--per-tensor", dest=_dest("per_channel"), action="store_false",
@@ -124,10 +127,62 @@ def given(args) -> dict:
     return out
 
 
-def recipe_from_args(args) -> Recipe:
-    """``--recipe`` with every explicitly given flag applied; bad values are one-line errors."""
+def recipe_from_args(args, data_elsewhere: bool = False, note: bool = True, notes: list | None = None) -> Recipe:
+    """``--recipe`` with every explicitly given flag applied; bad values are one-line errors. A
+    precision ``auto`` the recipe brought (not ``--precision``) that cannot apply is dropped
+    (``with_flags``): because of a flag (qoperator, A16W8), one timestamped note line on stderr
+    (``note``, ``say_note``); for lack of data,
+    nothing on stderr (the recipe the command reports says it). ``notes``: both reasons appended
+    there instead. ``data_elsewhere``: the command calibrates on data of its own without
+    ``--calibration-data`` (evaluate: held-apart dataset images)."""
     base = load_recipe(getattr(args, "recipe", None) or RECOMMENDED)
-    return base.replace(**given(args))
+    recipe, why = with_flags(base, given(args), data_elsewhere)
+    if why and notes is not None:
+        notes.append(why)
+    elif why and note and not why.startswith(NO_DATA):
+        say_note(why)
+    return recipe
+
+
+def say_note(text: str) -> None:
+    """A note on stderr, timestamped like a progress line (so a later error is still the one error
+    line a script reads), printed whatever TORQ_PROGRESS says (it is not progress)."""
+    import sys
+    import time
+    print(f"[{time.strftime('%H:%M:%S')}] note: {text}", file=sys.stderr, flush=True)
+
+
+AUTO = ("*", "auto")
+NO_DATA = "no --calibration-data"
+
+
+def with_flags(base: Recipe, changes: dict, data_elsewhere: bool = False) -> tuple[Recipe, str | None]:
+    """(``base`` with ``changes``, note). When ``base`` chooses its int16 layers by measurement
+    (``--precision auto``, e.g. the default ``mixed``) and ``changes`` does not set ``--precision``,
+    auto is dropped (every layer int8, the rest of the recipe as it is: ``mixed`` becomes ``gptq``)
+    where it cannot apply, and the note says why:
+
+    - ``--quant-format qoperator``: ONNX Runtime has no QOperator form for int16 activations;
+    - ``--quant-dtype A16W8``: every activation is int16 already;
+    - no calibration data (synthetic samples): which layers int8 hurts is a property of real inputs.
+
+    An explicit ``--precision auto`` is kept (and refused with qoperator by ``recipe.check``)."""
+    if "precision" in changes or AUTO not in base.precision:
+        return base.replace(**changes), None
+    merged = {**base.to_dict(), **changes}
+    if str(merged["format"]).lower() == "qoperator":
+        why = ("--quant-format qoperator: int16 activations have no QOperator form in ONNX Runtime, so the "
+               "recipe's mixed precision (--precision auto) is off: every layer int8")
+    elif str(merged["quant_dtype"]).upper() == "A16W8":
+        why = "--quant-dtype A16W8: every activation is int16, so the recipe's --precision auto is off"
+    elif not merged["calibration_data"] and not data_elsewhere:
+        why = (f"{NO_DATA}: mixed precision (--precision auto) is measured on real inputs, so it is off: "
+               "every layer int8")
+    else:
+        return base.replace(**changes), None
+    # auto's own knobs go back to their defaults unless given: mixed without auto is gptq itself
+    knobs = {k: getattr(Recipe(), k) for k in ("accuracy_budget", "int16_macs") if k not in changes}
+    return base.replace(**changes, **knobs, precision=tuple(p for p in base.precision if p != AUTO)), why
 
 
 def load_recipe(name: str) -> Recipe:
