@@ -29,17 +29,21 @@ def _same(steps, consts, ins, out_shape, out_slot, n_slots):
 
 @settings(max_examples=40, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), size=st.integers(1, 300), shift=st.sampled_from([0, 7, 20, 31, 32, 36, 52, 60]),
-       clamp=st.booleans())
-def test_add(seed, size, shift, clamp):
+       clamp=st.booleans(), ties=st.booleans())
+def test_add(seed, size, shift, clamp, ties):
+    """``ties``: NTE (exact Add ratios) with multipliers on a 2**-6 grid, so 1 in 64 sums is an x.5 tie."""
     rng = np.random.default_rng(seed)
     za, zb, zc = (int(v) for v in rng.integers(-128, 128, 3))
+    ties = ties and 6 <= shift <= 46
     hi = 1 << min(shift, 31)
     ma, mb = (int(v) for v in rng.integers(-hi + 1, hi, 2))
+    if ties:
+        ma, mb = (int(v) << (shift - 6) for v in rng.integers(1, min(1 << 12, hi >> (shift - 6)), 2))
     lo_hi = (int(zc), 100) if clamp else (-128, 127)
     attrs = {"input_zps": [za, zb], "weights": [ma, mb], "shift_factor": shift, "output_zp": zc,
              "output_min": max(-128, min(lo_hi[0], 100)), "output_max": lo_hi[1],
              "ort_input_scales": [0.02, 0.03], "ort_output_scale": [0.04], "ort_kernel": "QLinearAdd",
-             "ort_zp_shift": 0}
+             "ort_zp_shift": 0, "round_ties_even": int(ties)}
     shape = (1, 3, size, 2)
     x, y = (rng.integers(-128, 128, shape).astype(np.int8) for _ in range(2))
     _same([Step("torq_hl.add", [0, 1], 2, attrs, shape, "i8", "1:1", "Add")], {}, [x, y], shape, 2, 3)

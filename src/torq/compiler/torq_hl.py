@@ -13,7 +13,9 @@ Semantics (NCHW, int8 activations; see runtime/nss.py and torq/numerics):
       out = ACT(acc, mult_c, shift_factor, output_zp, output_min, output_max); round_ties_even = 1:
       the ACT's NTE mode, chosen when every channel's rescale is an exact dyadic (numerics.exact_dyadic)
   fully_connected: same with a matmul, weights [O, K]
-  add:   t = (a - zp_a) * m_a + (b - zp_b) * m_b  (i64), out = round_shift(t, shift_factor) + output_zp
+  add:   t = (a - zp_a) * m_a + (b - zp_b) * m_b  (i64), out = round_shift(t, shift_factor) + output_zp;
+         round_ties_even = 1: NTE on t + output_zp·2**shift (ORT rounds after adding its zero point),
+         chosen when ORT's float32 ratios are exact (numerics.add_exact_ratios)
   avg_pool2d: acc = sum(input - input_zp) over the window; per-count multiplier (global: one);
          round_ties_even = 1: the ACT's NTE mode where a window's rescale is exact (real ties)
   maxpool2d: integer max over the window (padding never wins)
@@ -68,7 +70,7 @@ OPS: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {
         "shift_factor": I32, "round_ties_even": I32, "ort_dq_scale": F32A, "ort_output_scale": F32A}),
     "add": (("init", "input1", "input2"), {
         "input_zp": I32, "output_zp": I32, "output_min": I32, "output_max": I32, "shift_factor": I32,
-        "weights": I64A, "scale_bias": I64A, "input_zps": I64A,
+        "weights": I64A, "scale_bias": I64A, "input_zps": I64A, "round_ties_even": I32,
         "ort_input_scales": F32A, "ort_output_scale": F32A, "ort_zp_shift": I32, "ort_kernel": STR}),
     "avg_pool2d": (("init", "input"), {
         "input_zp": I32, "output_zp": I32, "output_min": I32, "output_max": I32, "shift_factor": I32,

@@ -21,8 +21,8 @@ from .report_check import result_problem
 
 #: bump when the comparison or recommendation rules, or how a layer is quantized, change (old cached
 #: verdicts become stale; 3: --input-shape no longer fails every per-layer quantization; 4: exact scales
-#: reach QOperator's QLinearConv and QGemm)
-RULES_VERSION = 4
+#: reach QOperator's QLinearConv and QGemm; 5: exact scales move the activation scales around each Add)
+RULES_VERSION = 5
 FORMAT_VERSION = 3
 
 #: error texts that come from the machine, not the layer (never cached)

@@ -17,6 +17,7 @@ torq). One module per concern:
   bf16     the NPU's bf16 Quantize/Dequantize fallback, step by step (and ``to_bf16``), and its
            bound vs ORT
   bf16_arith  the bf16 datapath: contractions, elementwise functions, pools (``numerics.bf16_arith``)
+  exact_add  the Add ratios on which ORT's float32 QLinearAdd is exact (NSS == ORT with NTE)
   bias     a bias in the accumulator's scale (the lecture's trap: S_b != S_W·S_X)
   explain  why a native result differs from ORT's (tie / near-tie / other), in exact rationals
   int16    int16 activations x int8 weights: the NPU's byte planes, ORT's float path, their contract
@@ -26,12 +27,13 @@ May import: nothing from torq; numpy, numba and the standard library only.
 """
 from __future__ import annotations
 
-from . import bf16, bf16_arith, bias, explain, int16, loops, native, ort, weight_rounding
+from . import bf16, bf16_arith, bias, exact_add, explain, int16, loops, native, ort, weight_rounding
 from .bf16 import *  # noqa: F401,F403
 from .bias import *  # noqa: F401,F403
+from .exact_add import *  # noqa: F401,F403
 from .explain import *  # noqa: F401,F403
 from .int16 import *  # noqa: F401,F403
 from .native import *  # noqa: F401,F403
 from .ort import *  # noqa: F401,F403
 
-__all__ = [*native.__all__, *ort.__all__, *bf16.__all__, *bias.__all__, *explain.__all__, *int16.__all__]
+__all__ = [*native.__all__, *ort.__all__, *bf16.__all__, *bias.__all__, *exact_add.__all__, *explain.__all__, *int16.__all__]

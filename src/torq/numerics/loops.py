@@ -185,9 +185,15 @@ def _requant_ort_loop(acc, extra, scale, zp, lo, hi, out):
 
 
 @jit
-def add_loop(a, b, za, zb, mA, mB, shift, zc, lo, hi, out):
+def add_loop(a, b, za, zb, mA, mB, shift, zc, lo, hi, out, even=False):
+    """``native.add_native_mults``: NTP, or NTE with the zero point added before rounding
+    (``even``, shift > 0; the tie rule as in ``_act_loop``)."""
     r = (np.int64(1) << shift) >> 1
+    z = np.int64(zc) << shift if even else np.int64(0)
+    zo = 0 if even else zc
     for i in range(a.size):
-        t = (((np.int64(a[i]) - za) * mA + (np.int64(b[i]) - zb) * mB + r) >> shift) + zc
-        out[i] = min(max(t, lo), hi)
+        t = (np.int64(a[i]) - za) * mA + (np.int64(b[i]) - zb) * mB + z
+        if even:
+            t += ((t >> shift) & 1) - 1
+        out[i] = min(max(((t + r) >> shift) + zo, lo), hi)
 

@@ -19,6 +19,7 @@ from fractions import Fraction
 
 import numpy as np
 
+from .exact_add import add_exact_ratios, add_ratios_ort
 from .loops import act_loop, add_loop, as4d, bcast, channel_params, contiguous_rows, parts_int64, split_ok
 
 __all__ = ["global_avgpool_act", "INT32_MIN", "INT32_MAX", "MAX_SHIFT", "SHIFT_STEP", "ZERO_SCALE_SHIFT", "llround",
@@ -347,18 +348,25 @@ def add_multipliers(sa, sb, sc) -> tuple[int, int, int]:
 
     rA = sA/sC, rB = sB/sC in float64 from the float32 scales; shift = min(shift(rA), shift(rB))
     in ``multiplier_and_shift`` semantics (so both int32 multipliers fit); mX = llround(rX*2^shift).
+    Where ORT's float32 ratios are exact (``add_exact_ratios``) those are taken: mX is then exact
+    and the ACT's NTE mode computes ORT's integers.
     (The reference compiler uses int16 multipliers for Add; torq keeps 32-bit ones.)
     """
     rA = float(_F32(sa)) / float(_F32(sc))
     rB = float(_F32(sb)) / float(_F32(sc))
+    if add_exact_ratios(sa, sb, sc):    # ORT's float32 ratios are exact dyadics: hold them exactly
+        rA, rB = (float(r) for r in add_ratios_ort(sa, sb, sc))
     (mA, mB), shift = per_channel_multipliers([rA, rB])
     return int(mA), int(mB), int(shift)
 
 
 
-def add_native_mults(a, b, za, zb, mA, mB, shift, zc, qmin, qmax, out_dtype=np.int64) -> np.ndarray:
+def add_native_mults(a, b, za, zb, mA, mB, shift, zc, qmin, qmax, out_dtype=np.int64,
+                     ties_even: bool = False) -> np.ndarray:
     """add_native with the multipliers and shift the compiler stored on the op:
-    ``clamp((((a - za)*mA + (b - zb)*mB + r) >> shift) + zc)``, r = (1 << shift) >> 1."""
+    ``clamp((((a - za)*mA + (b - zb)*mB + r) >> shift) + zc)``, r = (1 << shift) >> 1;
+    ``ties_even``: the ACT's NTE mode (exact ratios, ``add_exact_ratios``) on ``t + (zc << shift)``
+    (as ORT rounds ``... + zc``: an odd zero point flips the parity of a tie)."""
     a, b = np.asarray(a), np.asarray(b)
     si, zc, lo, hi = int(shift), int(zc), int(qmin), int(qmax)
     if (a.shape == b.shape and a.dtype.kind in "iu" and b.dtype.kind in "iu" and a.dtype.itemsize <= 2
@@ -366,13 +374,17 @@ def add_native_mults(a, b, za, zb, mA, mB, shift, zc, qmin, qmax, out_dtype=np.i
             and abs(int(mB)) <= INT32_MAX and abs(int(za)) < (1 << 16) and abs(int(zb)) < (1 << 16)):
         out = np.empty(a.shape, dtype=out_dtype)      # |(a - za) * mA| < 2**48: no int64 overflow
         add_loop(a.reshape(-1), b.reshape(-1), int(za), int(zb), int(mA), int(mB), si, zc, lo, hi,
-                  out.reshape(-1))
+                 out.reshape(-1), bool(ties_even) and si > 0)
         return out
     a64 = a.astype(np.int64) - int(za)
     b64 = b.astype(np.int64) - int(zb)
-    t = a64 * mA + b64 * mB
-    t = ntp_shift(np.array(t, dtype=np.int64), shift)
-    t += zc
+    t = np.array(a64 * mA + b64 * mB, dtype=np.int64)
+    if ties_even and si > 0:
+        t += zc << si
+        t = nte_shift(t, si)
+    else:
+        t = ntp_shift(t, si)
+        t += zc
     np.clip(t, lo, hi, out=t)
     return t.astype(out_dtype, copy=False)
 

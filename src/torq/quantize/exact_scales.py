@@ -14,6 +14,10 @@ This pass moves each weight scale to the nearest float32 ``ws'`` whose ``s`` is 
 — typically 0.1 %, at most 5 % (very small requant scales) — and
 re-quantizes the weights (from the fp32 model's weights when given, else from the int8 ones)
 and the int32 bias with the new scales. Channels it cannot match keep their scale.
+
+First, ``exact_adds`` moves the activation scales around each Add (its output, and inputs that
+Convs produce) so that ORT's QLinearAdd is exact too; the weight pass then matches those Convs
+to their new activation scales (and re-quantizes the biases of Convs whose input scale moved).
 """
 from __future__ import annotations
 
@@ -24,6 +28,7 @@ import onnx
 from onnx import numpy_helper
 
 from ..numerics import EXACT_GRID_BITS, dq_scale, exact_dyadic, ort_requant_scale, quantize_ort
+from .exact_adds import exact_add_scales
 
 _F32 = np.float32
 _SEARCH_ULPS = 4
@@ -63,12 +68,13 @@ def exact_weight_scale(xs, ws, ys) -> np.float32 | None:
     return None
 
 
-def exact_scales(qmodel: onnx.ModelProto, fp32: onnx.ModelProto | None = None) -> onnx.ModelProto:
+def exact_scales(qmodel: onnx.ModelProto, fp32: onnx.ModelProto | None = None, *, adds: bool = True) -> onnx.ModelProto:
     """A copy of the quantized model with every matchable weight scale moved to an exact-dyadic
     requant scale (module docstring): QDQ ``DQ -> Conv/Gemm/MatMul -> Q`` and QOperator
     ``QLinearConv`` / ``QGemm`` (ORT computes their requant scale the same way, ``fl32(fl32(xs·ws)/ys)``).
     ``fp32``: the model that was quantized (its weights, by the quantizer's ``<name>_quantized``
-    naming, are re-quantized instead of the int8 values)."""
+    naming, are re-quantized instead of the int8 values). ``adds``: first move the activation
+    scales around each Add to ratios on which ORT's QLinearAdd is exact (``exact_adds``)."""
     m = onnx.ModelProto()
     m.CopyFrom(qmodel)
     g = m.graph
@@ -79,25 +85,29 @@ def exact_scales(qmodel: onnx.ModelProto, fp32: onnx.ModelProto | None = None) -
     for n in g.node:
         for i in n.input:
             consumers.setdefault(i, []).append(n)
-    for n in g.node:
+
+    def layer(n) -> _Layer | None:
         if n.op_type in ("Conv", "Gemm", "MatMul"):
-            layer = _qdq_layer(n, inits, producer, consumers)
-        elif n.op_type == "QLinearConv" and n.domain in ("", "ai.onnx"):
-            layer = _qlinear_layer(n, inits)
-        elif n.op_type == "QGemm" and n.domain == "com.microsoft":
-            layer = _qgemm_layer(n, inits)
-        else:
-            continue
-        if layer is not None:
-            _rescale(layer, inits, floats)
+            return _qdq_layer(n, inits, producer, consumers)
+        if n.op_type == "QLinearConv" and n.domain in ("", "ai.onnx"):
+            return _qlinear_layer(n, inits)
+        if n.op_type == "QGemm" and n.domain == "com.microsoft":
+            return _qgemm_layer(n, inits)
+        return None
+    moved = exact_add_scales(m, lambda n: layer(n) is not None) if adds else {}
+    for n in g.node:
+        found = layer(n)
+        if found is not None:
+            _rescale(found, inits, floats, moved)
     return m
 
 
 class _Layer:
     """What the pass needs of one layer, whatever its form: the input/output activation scales,
     the weight's int8 / scale / zero-point initializer names and its int32 bias, if any."""
-    def __init__(self, xs, ys, w, ws, wz, axis, bias=None, bias_scale=None):
+    def __init__(self, xs, ys, w, ws, wz, axis, bias=None, bias_scale=None, xs_name=None):
         self.xs, self.ys, self.w, self.ws, self.wz, self.axis = xs, ys, w, ws, wz, axis
+        self.xs_name = xs_name    # its initializer (the Add pass may have moved it)
         self.bias, self.bias_scale = bias, bias_scale   # bias_scale: its scale's initializer (QDQ), else xs·ws
 
 
@@ -127,7 +137,8 @@ def _qdq_layer(node, inits, producer, consumers) -> _Layer | None:
     bias = dqb.input[0] if dqb is not None and dqb.op_type == "DequantizeLinear" \
         and dqb.input[0] in inits and dqb.input[1] in inits else None
     return _Layer(_scalar(inits, dqx.input[1]), _scalar(inits, outs[0].input[1]), dqw.input[0], dqw.input[1],
-                  dqw.input[2] if len(dqw.input) > 2 else None, axis, bias, dqb.input[1] if bias else None)
+                  dqw.input[2] if len(dqw.input) > 2 else None, axis, bias, dqb.input[1] if bias else None,
+                  dqx.input[1])
 
 
 def _qlinear_layer(node, inits) -> _Layer | None:
@@ -136,7 +147,7 @@ def _qlinear_layer(node, inits) -> _Layer | None:
         return None
     bias = node.input[8] if len(node.input) > 8 and node.input[8] in inits else None
     return _Layer(_scalar(inits, node.input[1]), _scalar(inits, node.input[6]), node.input[3], node.input[4],
-                  node.input[5], 0, bias)
+                  node.input[5], 0, bias, xs_name=node.input[1])
 
 
 def _qgemm_layer(node, inits) -> _Layer | None:
@@ -147,21 +158,33 @@ def _qgemm_layer(node, inits) -> _Layer | None:
         return None
     bias = node.input[6] if node.input[6] in inits else None
     return _Layer(_scalar(inits, node.input[1]), _scalar(inits, node.input[7]), node.input[3], node.input[4],
-                  node.input[5], 0 if attrs.get("transB", 0) else 1, bias)
+                  node.input[5], 0 if attrs.get("transB", 0) else 1, bias, xs_name=node.input[1])
 
 
-def _rescale(layer: _Layer, inits, floats) -> bool:
+def _rescale(layer: _Layer, inits, floats, moved) -> None:
+    """Move the layer's weight scales (re-quantizing its weights), and re-quantize its bias to
+    ``xs·ws`` when either its weight scales or its input scale (``moved``: by the Add pass) changed."""
     xs, ys = layer.xs, layer.ys
     if xs is None or ys is None or layer.ws not in inits:
-        return False
-    w_q = numpy_helper.to_array(inits[layer.w])
+        return
     ws = numpy_helper.to_array(inits[layer.ws]).astype(_F32)
+    new_ws = _reweigh(layer, inits, floats, ws)
+    old_xs = moved.get(layer.xs_name, xs)
+    if layer.bias is not None and (new_ws is not ws or old_xs != xs):
+        old = inits[layer.bias_scale] if layer.bias_scale else None
+        _requantize_bias(inits, layer.bias, numpy_helper.to_array(old) if old is not None else
+                         dq_scale(old_xs, ws.reshape(-1)), dq_scale(xs, new_ws.reshape(-1)), layer.bias_scale)
+
+
+def _reweigh(layer: _Layer, inits, floats, ws):
+    """The new weight scales (``ws`` itself when none moves), the int8 weights re-quantized."""
+    w_q = numpy_helper.to_array(inits[layer.w])
     zp = numpy_helper.to_array(inits[layer.wz]) if layer.wz in inits else None
     if w_q.dtype != np.int8 or (zp is not None and np.any(zp != 0)):
-        return False
-    found = [exact_weight_scale(xs, s, ys) for s in ws.reshape(-1)]
+        return ws
+    found = [exact_weight_scale(layer.xs, s, layer.ys) for s in ws.reshape(-1)]
     if all(v is None for v in found):
-        return False
+        return ws
     new_ws = np.array([s if v is None else v for s, v in zip(ws.reshape(-1), found)], _F32).reshape(ws.shape)
     shape = [1] * w_q.ndim
     if ws.size > 1:
@@ -174,11 +197,7 @@ def _rescale(layer: _Layer, inits, floats) -> bool:
     w_new = np.clip(np.rint(w / new_ws.reshape(shape).astype(np.float64)), -127, 127).astype(np.int8)
     inits[layer.w].CopyFrom(numpy_helper.from_array(w_new, layer.w))
     inits[layer.ws].CopyFrom(numpy_helper.from_array(new_ws, layer.ws))
-    if layer.bias is not None:
-        old = inits[layer.bias_scale] if layer.bias_scale else None
-        _requantize_bias(inits, layer.bias, numpy_helper.to_array(old) if old is not None else
-                         dq_scale(xs, ws.reshape(-1)), dq_scale(xs, new_ws.reshape(-1)), layer.bias_scale)
-    return True
+    return new_ws
 
 
 def _requantize_bias(inits, name, old, new_scale, scale_name=None) -> None:

@@ -54,8 +54,9 @@ FLAGS: dict[str, tuple[tuple[str, ...], dict]] = {
     "bias_correction": (("--bias-correction",), dict(action=_BOOL, help=(
         "correct Conv/Gemm biases for int8 weight rounding (fp32 transform, calibration means)"))),
     "exact_scales": (("--exact-scales",), dict(action=_BOOL, help=(
-        "move each Conv/Gemm/MatMul (QDQ) and QLinearConv/QGemm weight scale (typically 0.1 %%, at most 5 %%) so "
-        "that ONNX Runtime's float requantization is exact; the NPU's native rounding is then bit-exact with ORT"))),
+        "move each Conv/Gemm/MatMul (QDQ) and QLinearConv/QGemm weight scale (typically 0.1 %%, at most 5 %%), "
+        "and the activation scales around each Add (at most 1 %%), so that ONNX Runtime's float requantization "
+        "is exact; the NPU's native rounding is then bit-exact with ORT"))),
     "weight_rounding": (("--weight-rounding",), dict(metavar="{nearest,gptq}", help=(
         "QDQ int8 weights: nearest integer (default), or gptq: each layer's integers re-chosen to minimise "
         "its output error on the calibration data (scales kept; numerics/weight_rounding.py)"))),

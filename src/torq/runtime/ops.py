@@ -213,12 +213,13 @@ def _add(st, rtype):
     ma, mb = (int(v) for v in a["weights"])
     sa, sb_ = (np.float32(v) for v in a["ort_input_scales"])
     sc = np.float32(a["ort_output_scale"][0])
+    even = bool(a.get("round_ties_even", 0))
 
     def fn(args, rounding):
         x, y = args
         if rounding == "native":
             out = numerics.add_native_mults(x, y, za, zb, ma, mb, a["shift_factor"], a["output_zp"],
-                                               a["output_min"], a["output_max"], out_dtype=rtype)
+                                            a["output_min"], a["output_max"], out_dtype=rtype, ties_even=even)
         else:   # in ORT's own (possibly uint8) domain: its float constant depends on the zero points
             k = a["ort_zp_shift"]
             recipe = numerics.add_ort if a["ort_kernel"] == "QLinearAdd" else numerics.add_float_ort

@@ -72,6 +72,8 @@ class QAdd(QBinary):
         ma, mb, shift = numerics.add_multipliers(sa, sb, sc)
         attrs = dict(input_zp=0, output_zp=int(root.q.zp), output_min=root.q.lo, output_max=root.q.hi,
                      shift_factor=shift, weights=[ma, mb], scale_bias=[-(za * ma + zb * mb), 1],
+                     # exact ratios: ORT's float Add is exact, the ACT's NTE gives its integers
+                     round_ties_even=int(not wide and numerics.add_exact_ratios(sa, sb, sc)),
                      input_zps=[za, zb], ort_input_scales=[sa, sb], ort_output_scale=[sc],
                      ort_zp_shift=ctx.ort_zp_shift,
                      # ORT fuses only an ONNX Add straight between DQs and a Q into QLinearAdd

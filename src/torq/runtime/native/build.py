@@ -178,7 +178,7 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.torq_dw_i8.argtypes = [p, p, p, dwq, geom, rq, i]
     lib.torq_fc_i8.argtypes = [p, p, p, i, i, i, rq]
     lib.torq_requant_i8.argtypes = [p, i, rq, p]
-    lib.torq_add_i8.argtypes = [p, p, p, ctypes.c_long] + [i] * 8
+    lib.torq_add_i8.argtypes = [p, p, p, ctypes.c_long] + [i] * 9
     lib.torq_gap_i8.argtypes = [p, p, ctypes.c_long, ctypes.c_long, i, ctypes.c_int64] + [i] * 6 + [ctypes.c_float]
     lib.torq_maxpool_i8.argtypes = [p, p, i, p, i]
     lib.torq_run_calls.argtypes = [p, i, i, i, p]

@@ -7,14 +7,17 @@
 /* ------------------------------------------------------------------ add, native rounding */
 
 /* out = clamp(((a - za) * mA + (b - zb) * mB + r) >> shift) + zc, r = (1 << shift) >> 1
- * (numerics.add_native_mults; the caller checked |za|, |zb| < 2**16, shift in 0..62) */
+ * (numerics.add_native_mults; the caller checked |za|, |zb| < 2**16, shift in 0..62).
+ * even (NTE, shift in 1..46): t = (a - za) * mA + (b - zb) * mB + (zc << shift) rounded half to
+ * even, zc not added after (ORT rounds after adding its zero point) */
 int torq_add_i8(const int8_t *a, const int8_t *b, int8_t *out, long n, int32_t za, int32_t zb, int32_t mA,
-                int32_t mB, int shift, int32_t zc, int32_t lo, int32_t hi)
+                int32_t mB, int shift, int32_t zc, int32_t lo, int32_t hi, int even)
 {
     long i = 0;
     const int64_t r = (INT64_C(1) << shift) >> 1;
+    const int64_t zpre = even ? (int64_t)zc * (INT64_C(1) << shift) : 0, zpost = even ? 0 : zc;
 #if TORQ_VNNI
-    if (shift >= 32 && shift <= 52) {
+    if (!even && shift >= 32 && shift <= 52) {
         /* |(a - za) mA + (b - zb) mB| < 2**49: the high-half form of act.h, zc in the constant */
         const __m512i rr = _mm512_set1_epi64(r + (int64_t)zc * (INT64_C(1) << shift));
         const __m512i vza = _mm512_set1_epi32(za), vzb = _mm512_set1_epi32(zb);
@@ -32,7 +35,8 @@ int torq_add_i8(const int8_t *a, const int8_t *b, int8_t *out, long n, int32_t z
             _mm_storeu_si128((__m128i *)(out + i), _mm512_cvtepi32_epi8(v));
         }
     } else {                    /* any shift: round and clamp in 64 bits, then pack */
-        const __m512i rr = _mm512_set1_epi64(r), z = _mm512_set1_epi64(zc);
+        const __m512i rr = _mm512_set1_epi64(r), z = _mm512_set1_epi64(zpost), zp = _mm512_set1_epi64(zpre);
+        const __m512i one = _mm512_set1_epi64(1);
         const __m512i vza = _mm512_set1_epi32(za), vzb = _mm512_set1_epi32(zb);
         const __m512i ma = _mm512_set1_epi32(mA), mb = _mm512_set1_epi32(mB);
         const __m512i vlo = _mm512_set1_epi64(lo), vhi = _mm512_set1_epi64(hi);
@@ -45,6 +49,11 @@ int torq_add_i8(const int8_t *a, const int8_t *b, int8_t *out, long n, int32_t z
             t[1] = _mm512_add_epi64(_mm512_mul_epi32(_mm512_srli_epi64(x, 32), ma),
                                     _mm512_mul_epi32(_mm512_srli_epi64(y, 32), mb));
             for (int k = 0; k < 2; k++) {
+                if (even) {     /* an exact tie of an even quotient drops below .5 (numerics.nte_shift) */
+                    t[k] = _mm512_add_epi64(t[k], zp);
+                    const __m512i odd = _mm512_and_si512(_mm512_sra_epi64(t[k], sh), one);
+                    t[k] = _mm512_add_epi64(t[k], _mm512_sub_epi64(odd, one));
+                }
                 t[k] = _mm512_add_epi64(_mm512_sra_epi64(_mm512_add_epi64(t[k], rr), sh), z);
                 t[k] = _mm512_min_epi64(_mm512_max_epi64(t[k], vlo), vhi);
             }
@@ -54,8 +63,10 @@ int torq_add_i8(const int8_t *a, const int8_t *b, int8_t *out, long n, int32_t z
     }
 #endif
     for (; i < n; i++) {
-        int64_t t = (((int64_t)a[i] - za) * mA + ((int64_t)b[i] - zb) * mB + r) >> shift;
-        t += zc;
+        int64_t t = ((int64_t)a[i] - za) * mA + ((int64_t)b[i] - zb) * mB + zpre;
+        if (even)
+            t += ((t >> shift) & 1) - 1;
+        t = ((t + r) >> shift) + zpost;
         out[i] = (int8_t)(t < lo ? lo : (t > hi ? hi : t));
     }
     return 0;

@@ -27,9 +27,10 @@ def make_add(st, rtype, reference):
     za, zb = (int(v) for v in a["input_zps"])
     ma, mb = (int(v) for v in a["weights"])
     shift, zc, lo, hi = int(a["shift_factor"]), int(a["output_zp"]), int(a["output_min"]), int(a["output_max"])
+    even = int(bool(a.get("round_ties_even", 0)))
     if not (np.dtype(rtype) == np.int8 and 0 <= shift <= 62 and -128 <= lo <= hi <= 127
             and all(_I32[0] <= m <= _I32[1] for m in (ma, mb)) and abs(za) < 1 << 16 and abs(zb) < 1 << 16
-            and abs(zc) < 1 << 16):
+            and abs(zc) < 1 << 16) or (even and not 0 < shift <= 46):      # NTE: zc << shift in int64
         return None
     lib, outputs = kernels(), _Outputs()
 
@@ -39,7 +40,7 @@ def make_add(st, rtype, reference):
             return reference(args, rounding)
         x, y = _c(x), _c(y)
         out, addr = outputs.get(x.shape)
-        lib.torq_add_i8(x.ctypes.data, y.ctypes.data, addr, x.size, za, zb, ma, mb, shift, zc, lo, hi)
+        lib.torq_add_i8(x.ctypes.data, y.ctypes.data, addr, x.size, za, zb, ma, mb, shift, zc, lo, hi, even)
         return out
     return fn
 

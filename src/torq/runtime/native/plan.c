@@ -26,7 +26,7 @@ int torq_conv_amx_i8(const int8_t *, int8_t *, const int8_t *, const torq_geom *
 int torq_dw_i8(const int8_t *, int8_t *, const float *, const void *, const torq_geom *, const torq_rq *, int);
 int torq_fc_i8(const int8_t *, int8_t *, const int8_t *, int, int, int, const torq_rq *);
 int torq_add_i8(const int8_t *, const int8_t *, int8_t *, long, int32_t, int32_t, int32_t, int32_t, int, int32_t,
-                int32_t, int32_t);
+                int32_t, int32_t, int);
 int torq_gap_i8(const int8_t *, int8_t *, long, long, int32_t, int64_t, int, int, int32_t, int32_t, int32_t, int,
                 float);
 int torq_maxpool_i8(const int8_t *, int8_t *, int, const int32_t *, int);
@@ -80,7 +80,7 @@ int torq_run_calls(const torq_call *calls, int n, int nthreads, int fthreads, in
             torq_fc_i8(P(0), P(1), P(2), I(3), I(4), I(5), P(6));
             break;
         case K_ADD:
-            torq_add_i8(P(0), P(1), P(2), (long)c->v[3], I(4), I(5), I(6), I(7), I(8), I(9), I(10), I(11));
+            torq_add_i8(P(0), P(1), P(2), (long)c->v[3], I(4), I(5), I(6), I(7), I(8), I(9), I(10), I(11), I(12));
             break;
         case K_GAP:
             torq_gap_i8(P(0), P(1), (long)c->v[2], (long)c->v[3], I(4), c->v[5], I(6), I(7), I(8), I(9), I(10), I(11),
