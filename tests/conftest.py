@@ -2,7 +2,8 @@
 that makes it run (each skip reason names one), so a short run is never silently short.
 Progress lines are off (``TORQ_PROGRESS=off``, inherited by subprocesses) unless a test turns
 them on: whether a stage passes its 2 s mark depends on the host's load, and output that
-depends on load makes assertions on stderr flaky."""
+depends on load makes assertions on stderr flaky. The whole-model quantization cache is off
+(``TORQ_QUANTIZE_CACHE=off``) unless a test turns it on."""
 from __future__ import annotations
 
 from collections import Counter
@@ -13,6 +14,13 @@ import pytest
 @pytest.fixture(autouse=True)
 def _no_progress_lines(monkeypatch):
     monkeypatch.setenv("TORQ_PROGRESS", "off")
+
+
+@pytest.fixture(autouse=True)
+def _no_quantization_cache(monkeypatch):
+    """Whole-model quantizations are not cached across tests (``quantize.model_cache``): a test that
+    patches a quantization pass must see it run; tests/quantize/test_model_cache.py turns it on."""
+    monkeypatch.setenv("TORQ_QUANTIZE_CACHE", "off")
 
 
 def pytest_terminal_summary(terminalreporter):

@@ -58,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     args.argv = list(argv) if argv is not None else sys.argv[1:]   # for reproduction commands
 
     def body():
-        with log_to(getattr(args, "log_file", None), PROG):
+        from ..quantize.model_cache import recomputing    # --recompute-cache: no cached quantization either
+        with log_to(getattr(args, "log_file", None), PROG), recomputing(getattr(args, "recompute_cache", False)):
             return args.func(args)
     return run_main(PROG, body)
 

@@ -186,7 +186,8 @@ def run_discovery(opts: DiscoverOptions, progress=None) -> tuple[dict, Path]:
         save_model(build_full(), Path(opts.save_bf16_model))
     path = schema.report_path(opts.output_dir, stem, suffix)
     refuse_overwrite(path, "--output-dir", {"--model": opts.model, "--calibration-data": opts.quant.recipe.calibration_data})
-    with store.session(path, "discover", exclusive=True):
+    from ..quantize.model_cache import recomputing
+    with store.session(path, "discover", exclusive=True), recomputing(opts.recompute_cache):
         return _discover(opts, layers, build_full, path, progress)
 
 

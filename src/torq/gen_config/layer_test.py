@@ -45,7 +45,8 @@ def prepare(fp32_layer, quant, debug_ir=None, name="layer", calib=None) -> Prepa
             from ..quantize.recipe import apply
             reader = reader_for(fp32_layer, calib) if calib is not None else None
             recipe = layer_recipe(quant.recipe, fp32_layer)
-            p.model = fp32_layer if recipe is None else apply(recipe, fp32_layer, reader, wrap_lone_ops=True).model
+            p.model = fp32_layer if recipe is None else \
+                apply(recipe, fp32_layer, reader, wrap_lone_ops=True, cache=False).model   # (verdicts are cached)
         else:
             p.model = fp32_layer
     except HostProblem:

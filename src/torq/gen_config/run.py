@@ -294,7 +294,8 @@ def run_full(opts: RunOptions, log=None) -> tuple[dict, Path]:
     """Run the whole model with its executor map; returns (report or compiler JSON, its path).
     The metrics go to ``full_model_metrics`` (written back only into a report, under its lock)."""
     from ..progress import stage
-    with stage("run: cutting and quantizing the model"):
+    from ..quantize.model_cache import recomputing
+    with stage("run: cutting and quantizing the model"), recomputing(opts.recompute_cache):
         layers, suffix, q = model_and_layers(opts.model, opts.quant, opts.subgraph)
     src = load_map(opts.output_dir, opts.model.stem, suffix)   # none, or a damaged one: said first
     if src.report is None:

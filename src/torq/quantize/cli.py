@@ -42,6 +42,9 @@ def register(sub) -> None:
     q.add_argument("--output", "-o", metavar="OUT.onnx",
                    help="where to write the quantized model (default: <model stem>.int8.onnx next to the model)")
     add_recipe_arguments(q)
+    q.add_argument("--recompute-cache", action="store_true",
+                   help="quantize again even if an identical quantization (same model, recipe, calibration "
+                        "samples, torq) is cached; the entry is rewritten (TORQ_QUANTIZE_CACHE=off: no cache)")
     q.set_defaults(func=_cmd_quantize)
 
 

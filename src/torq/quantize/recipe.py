@@ -321,12 +321,13 @@ def keeps_tensors(recipe: Recipe) -> bool:
 
 
 def apply(recipe: Recipe, model, reader=None, *, where: str | None = None,
-          wrap_lone_ops: bool = False) -> Quantized:
+          wrap_lone_ops: bool = False, cache: bool = True) -> Quantized:
     """The int8 model of ``recipe`` for the fp32 ``model`` (path or ModelProto).
 
     ``reader``: an ORT CalibrationDataReader overriding ``recipe.calibration_data`` (discover's
     per-layer activations, evaluate's held-apart images). ``wrap_lone_ops``: a model ORT leaves
-    float (a lone Relu, Flatten, ...) gets Q/DQ around its I/O instead of an error."""
+    float (a lone Relu, Flatten, ...) gets Q/DQ around its I/O instead of an error. ``cache``:
+    the quantization may come from (and goes to) ``model_cache`` (off for discover's layers)."""
     from . import memory_bound
     from .calibration import make_reader
     src, where = source(recipe, model, where)
@@ -337,13 +338,19 @@ def apply(recipe: Recipe, model, reader=None, *, where: str | None = None,
         from .auto_precision import apply_auto
         return apply_auto(recipe, src, reader, where=where, wrap_lone_ops=wrap_lone_ops)
     prepared = prepare(recipe, src, reader, where)
-    q = quantize_prepared(recipe, prepared, reader, where=where, wrap_lone_ops=wrap_lone_ops)
+    q = quantize_prepared(recipe, prepared, reader, where=where, wrap_lone_ops=wrap_lone_ops, cache=cache)
     return Quantized(q, prepared, recipe)
 
 
 def quantize_prepared(recipe: Recipe, prepared: onnx.ModelProto, reader, *, where: str = "model",
-                      wrap_lone_ops: bool = False) -> onnx.ModelProto:
-    """ORT static quantization of an already prepared fp32 graph, then exact scales / full integer."""
+                      wrap_lone_ops: bool = False, cache: bool = True) -> onnx.ModelProto:
+    """ORT static quantization of an already prepared fp32 graph, then exact scales / full integer.
+    ``cache``: an identical earlier quantization (same prepared graph, recipe, calibration samples
+    and code) is reused from ``model_cache`` (quantize, discover and run share one)."""
+    if cache:
+        from .model_cache import cached
+        return cached(recipe, prepared, reader, wrap_lone_ops, lambda: quantize_prepared(
+            recipe, prepared, reader, where=where, wrap_lone_ops=wrap_lone_ops, cache=False))
     from ..progress import stage
     from .calibration import rewind
     from .static import run_quantizer
