@@ -133,3 +133,12 @@ def inside(root: str | os.PathLike, *parts: str) -> Path:
         if path.is_symlink():
             raise TorqError(f"{path}: is a symbolic link; refusing to write through it (remove it)")
     return path
+
+
+def cache_dir() -> Path:
+    """The user's torq cache folder (per-layer results, quantized models): $TORQ_GEN_CONFIG_CACHE_DIR,
+    else $XDG_CACHE_HOME/torq-gen-config."""
+    env = os.environ.get("TORQ_GEN_CONFIG_CACHE_DIR")
+    if env:
+        return Path(env)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "torq-gen-config"

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import TorqError
+from ..fileio import cache_dir  # noqa: F401  (discover, run and the CLI read it here)
 from ..quantize.recipe import RECOMMENDED, Recipe
 from ..quantize.recipe_flags import add_recipe_arguments, quantizer_flags_given, recipe_from_args
 from .executors import EXECUTOR_ORDER
@@ -150,11 +151,6 @@ def quant_from_fingerprint(fp: dict | None) -> QuantSettings:
     return QuantSettings(bool(fp.get("quantize")), recipe, bool(fp.get("auto_convert_bf16")))
 
 
-def cache_dir() -> Path:
-    env = os.environ.get("TORQ_GEN_CONFIG_CACHE_DIR")
-    if env:
-        return Path(env)
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "torq-gen-config"
 
 
 def check_output_dir(out: Path) -> None:

@@ -29,6 +29,8 @@ import hashlib
 import os
 from pathlib import Path
 
+from ..fileio import atomic_write_bytes, cache_dir
+
 FORMAT = b"torq-quantized-model 1"
 DEFAULT_MAX_MB = 4096
 _MAX_BYTES = 1_800_000_000            # protobuf's 2 GB limit: larger models are not cached
@@ -53,7 +55,6 @@ def recomputing(on: bool = True):
 
 
 def root() -> Path:
-    from ..gen_config.options import cache_dir      # the one cache folder of the CLI
     return cache_dir() / "quantized"
 
 
@@ -141,7 +142,6 @@ def get(k: str, recipe=None):
 
 
 def put(k: str, model) -> None:
-    from ..fileio import atomic_write_bytes
     try:
         body = model.SerializeToString()
     except ValueError:                                # > 2 GB
