@@ -276,3 +276,46 @@ def test_auto_keeps_graph_outputs_int8_under_full_integer(cnn):
     assert why["logits"].startswith("int8: its output is a graph output")
     q = quantize(cnn, calibration_data_reader=ArrayDataReader(samples), **auto)   # float I/O: the head may go int16
     assert "logits" in stamped(q)["int16_layers"]
+
+
+def _silu_cnn():
+    """x -> conv1 -> Sigmoid · conv1 (SiLU, EfficientNet-B0's activation) -> conv2 -> HardSwish -> conv3."""
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(0)
+    w = {f"w{i}": numpy_helper.from_array(rng.standard_normal((4, 4 if i > 1 else 3, 3, 3)).astype(np.float32) * 0.3,
+                                          f"w{i}") for i in (1, 2, 3)}
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+             helper.make_node("Sigmoid", ["c1"], ["s1"], name="sig1"),
+             helper.make_node("Mul", ["c1", "s1"], ["m1"], name="mul1"),
+             helper.make_node("Conv", ["m1", "w2"], ["c2"], name="conv2", pads=[1, 1, 1, 1]),
+             helper.make_node("HardSwish", ["c2"], ["h2"], name="hswish2"),
+             helper.make_node("Conv", ["h2", "w3"], ["y"], name="conv3", pads=[1, 1, 1, 1])]
+    g = helper.make_graph(nodes, "silu", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])], list(w.values()))
+    return onnx.shape_inference.infer_shapes(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+
+
+def test_auto_never_promotes_a_layer_whose_reader_has_no_int16_form():
+    """A conv read by a Sigmoid / Mul / HardSwish (tables and Mul take int8 only on the NSS) stays
+    int8 under auto whatever the cap, says why, and the model compiles; int16 given by hand to such
+    a layer is what the compiler refuses (so the guard is what keeps auto's models compilable)."""
+    from torq.quantize.calibration import ArrayDataReader
+    from torq.quantize.precision import int8_only_layers, stamped
+    m = _silu_cnn()
+    keep = int8_only_layers(m, full_integer=True)
+    assert set(keep) == {"conv1", "conv2", "sig1", "mul1", "hswish2", "conv3"}
+    assert "Sigmoid 'sig1'" in keep["conv1"] and "HardSwish 'hswish2'" in keep["conv2"]
+    assert keep["mul1"] == "its op (Mul) has no int16 form on the NSS"
+    samples = samples_of(SyntheticDataReader(m, 9))
+    auto = dict(per_channel=True, precision=(("*", "auto"),), accuracy_budget=0.0, int16_macs=100.0)
+    q = quantize(m, calibration_data_reader=ArrayDataReader(samples), full_integer=True, **auto)
+    report = stamped(q)
+    assert report["int16_layers"] == [] or not set(report["int16_layers"]) & {"conv1", "conv2"}
+    why = {c["name"]: c["why"] for c in report["layers"]}
+    assert "has no int16 form" in why["conv1"]
+    assert verify(compile(q)).ok                          # every op has a pattern, NSS = ORT
+    for layer, op in (("conv1", "Sigmoid"), ("conv2", "HardSwish"), ("mul1", "Mul")):
+        forced = quantize(m, calibration_data_reader=ArrayDataReader(samples), full_integer=True,
+                          per_channel=True, precision=((layer, "int16"),))
+        with pytest.raises(TorqError, match=f"not supported on NSS.*{op}"):
+            compile(forced).program

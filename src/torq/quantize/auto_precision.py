@@ -14,8 +14,9 @@ within X of FP32, chosen by measurement on calibration data only.
    disagreement, which counts every flip between two near-tied classes as a whole error (13 % of
    int8 EfficientNet-Lite0's top-1s on photos unlike ImageNet, where FP32 is unsure), is reported
    beside it. Promotion stops at ``max_int16_share`` of the MACs (``--int16-macs``).
-   Under full-integer I/O a layer writing a graph output is never promoted: the graph's outputs
-   stay int8 (``precision.output_layers``).
+   Never promoted (``precision.int8_only_layers``): under full-integer I/O a layer writing a graph
+   output (the graph's outputs stay int8), and a layer read by an op with no int16 form on the NSS
+   (a Sigmoid / HardSwish table, a Mul: promoting it would make the model uncompilable).
    Budget 0 asks for no search: the longest prefix within the MAC cap is promoted outright (the
    knob is then the cap, chosen on a tuning set: benchmarks/recipe_choice.py); the held-apart
    samples are not needed to judge it, and no trial model is quantized.
@@ -24,6 +25,7 @@ within X of FP32, chosen by measurement on calibration data only.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Mapping
 
 import numpy as np
 import onnx
@@ -93,11 +95,12 @@ def compare(reference: np.ndarray, got: np.ndarray) -> tuple[float, float, float
 
 
 def choose(fp32: onnx.ModelProto, quantize_fn, calibration: list[dict], holdout: list[dict], budget: float,
-           max_int16_share: float = 0.10, progress=None, keep_int8=frozenset()) -> AutoPrecision:
+           max_int16_share: float = 0.10, progress=None, keep_int8: Mapping[str, str] | None = None) -> AutoPrecision:
     """See the module docstring. ``quantize_fn(precision) -> quantized model`` (float I/O or
     full-integer with the same input; ``precision`` a {node: "int16"} dict); ``calibration`` /
-    ``holdout``: disjoint lists of input dicts; ``keep_int8``: layers never promoted (measured and
-    reported all the same): those writing a graph output under full-integer I/O."""
+    ``holdout``: disjoint lists of input dicts; ``keep_int8``: {layer: why} never promoted (measured
+    and reported all the same; ``precision.int8_only_layers``)."""
+    keep_int8 = keep_int8 or {}
     if not holdout:
         raise TorqError("--precision auto needs held-apart calibration images (none left after the split)")
     say = progress or (lambda *_: None)
@@ -183,7 +186,8 @@ def _search(trial, budget: float, cap: int) -> int:
     return hi
 
 
-def _result(sens, ranked, k, cap, budget, chosen, cache, total, images, keep_int8=frozenset()) -> AutoPrecision:
+def _result(sens, ranked, k, cap, budget, chosen, cache, total, images, keep_int8=None) -> AutoPrecision:
+    keep_int8 = keep_int8 or {}
     loss, kl, share, dis = chosen
     promoted = {s.name for s in ranked[:k]}
     rank = {s.name: i + 1 for i, s in enumerate(ranked)}
@@ -192,7 +196,7 @@ def _result(sens, ranked, k, cap, budget, chosen, cache, total, images, keep_int
     for s in sens:
         mac = f"int16 output: {100 * s.macs / total:.2f} % of MACs int16 × int8"
         if s.name in keep_int8:
-            why = f"int8: its output is a graph output, which full-integer I/O keeps int8 (KL {s.kl:.2e} in int8)"
+            why = f"int8: {keep_int8[s.name]} (KL {s.kl:.2e} in int8)"
         elif loss is None:            # budget 0: the MAC cap decides
             why = (f"int16: rank {rank[s.name]} by KL per MAC (KL {s.kl:.2e} in int8, {mac}), within the int16 "
                    "MAC cap" if s.name in promoted else
@@ -234,7 +238,7 @@ def apply_auto(recipe, src: onnx.ModelProto, reader, *, where: str = "model", wr
     chosen (``choose``), then the final model quantized with them on every calibration sample
     and the choice stamped on it (``precision.stamp``). Returns a ``recipe.Quantized`` whose recipe names the chosen layers."""
     from .calibration import ArrayDataReader
-    from .precision import name_nodes, output_layers, stamp
+    from .precision import int8_only_layers, name_nodes, stamp
     from .recipe import Quantized, prepare, quantize_prepared
     calib, hold = split_holdout(samples_of(reader))
     base = recipe.replace(precision=tuple(p for p in recipe.precision if p[0] != "*"))
@@ -249,8 +253,8 @@ def apply_auto(recipe, src: onnx.ModelProto, reader, *, where: str = "model", wr
     from ..progress import stage
     # full-integer I/O is int8 at the graph's edges (what the NPU's caller reads): a layer writing a
     # graph output stays int8 (an int16 output would change the model's output type; int16 then
-    # requantized to int8 there only rounds twice)
-    keep = output_layers(prepared) if recipe.full_integer else set()
+    # requantized to int8 there only rounds twice); so does one read by an op with no int16 form
+    keep = int8_only_layers(prepared, recipe.full_integer)
     with stage(f"quantize: precision auto (per-layer sensitivity on {len(calib)} samples"
                + (")" if recipe.accuracy_budget == 0 else ", trial models)")):
         result = choose(prepared, trial, calib, hold, recipe.accuracy_budget,

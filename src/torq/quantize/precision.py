@@ -73,6 +73,51 @@ def output_layers(model: onnx.ModelProto) -> set[str]:
     return found
 
 
+#: Ops the NSS lowers with an int16 activation input (docs/a16w8.md: conv2d, depthwise_conv2d,
+#: fully_connected, add, avg_pool2d; data movement passes the type on). Anything else reading an
+#: int16 tensor (a Sigmoid / HardSwish table, a Mul, a float island) has no int16 form.
+INT16_READERS = frozenset({"Conv", "Gemm", "MatMul", "Add", "AveragePool", "GlobalAveragePool"})
+
+
+def int8_only_layers(model: onnx.ModelProto, full_integer: bool = True) -> dict[str, str]:
+    """{layer: why it must stay int8}: a layer whose output (directly or through data movement)
+    is a graph output under full-integer I/O, whose op has no int16 form on the NSS, or whose
+    output such an op reads (``INT16_READERS``; a MatMul only with a constant second operand:
+    activation × activation has no int16 × int8 form)."""
+    inits = {t.name for t in model.graph.initializer}
+    readers: dict[str, list] = {}
+    for n in model.graph.node:
+        for i in n.input:
+            readers.setdefault(i, []).append(n)
+
+    def wide(n) -> bool:
+        return n.op_type in INT16_READERS and not (n.op_type == "MatMul" and n.input[1] not in inits)
+
+    def blocker(tensor: str, seen: set) -> str | None:
+        for r in readers.get(tensor, []):
+            if r.op_type in _SKIP or id(r) in seen:
+                continue
+            seen.add(id(r))
+            if r.op_type in MOVES:
+                why = next((b for o in r.output if (b := blocker(o, seen))), None)
+            elif not wide(r):
+                why = f"{r.op_type} {r.name!r} reads it and has no int16 form on the NSS"
+            else:
+                why = None
+            if why:
+                return why
+        return None
+    found = {n: "its output is a graph output, which full-integer I/O keeps int8"
+             for n in output_layers(model)} if full_integer else {}
+    for n in model.graph.node:
+        if n.op_type in MOVES or n.op_type in _SKIP or not n.output or n.name in found:
+            continue
+        why = blocker(n.output[0], set()) if wide(n) else f"its op ({n.op_type}) has no int16 form on the NSS"
+        if why:
+            found[n.name] = why
+    return found
+
+
 def check_precision(model: onnx.ModelProto, precision: Mapping[str, str], where: str = "model") -> None:
     """One-line TorqError for an unknown node or precision (names the first bad entry)."""
     known = {n.name: n.op_type for n in model.graph.node}
