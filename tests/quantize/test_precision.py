@@ -306,6 +306,14 @@ def test_auto_never_promotes_a_layer_whose_reader_has_no_int16_form():
     assert set(keep) == {"conv1", "conv2", "sig1", "mul1", "hswish2", "conv3"}
     assert "Sigmoid 'sig1'" in keep["conv1"] and "HardSwish 'hswish2'" in keep["conv2"]
     assert keep["mul1"] == "its op (Mul) has no int16 form on the NSS"
+    from onnx import helper
+    cat = onnx.ModelProto()
+    cat.CopyFrom(m)                                      # GoogLeNet's branches: conv -> Relu -> Concat
+    g = cat.graph
+    g.node.append(helper.make_node("Relu", ["y"], ["r3"], name="relu3"))
+    g.node.append(helper.make_node("Concat", ["r3", "h2"], ["cat"], name="cat", axis=1))
+    g.output[0].CopyFrom(helper.make_tensor_value_info("cat", onnx.TensorProto.FLOAT, [1, 8, 8, 8]))
+    assert "Concat 'cat' joins it" in int8_only_layers(cat, full_integer=False)["conv3"]
     samples = samples_of(SyntheticDataReader(m, 9))
     auto = dict(per_channel=True, precision=(("*", "auto"),), accuracy_budget=0.0, int16_macs=100.0)
     q = quantize(m, calibration_data_reader=ArrayDataReader(samples), full_integer=True, **auto)

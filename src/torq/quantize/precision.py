@@ -83,7 +83,7 @@ def int8_only_layers(model: onnx.ModelProto, full_integer: bool = True) -> dict[
     """{layer: why it must stay int8}: a layer whose output (directly or through data movement)
     is a graph output under full-integer I/O, whose op has no int16 form on the NSS, or whose
     output such an op reads (``INT16_READERS``; a MatMul only with a constant second operand:
-    activation × activation has no int16 × int8 form)."""
+    activation × activation has no int16 × int8 form) or a Concat joins with other tensors."""
     inits = {t.name for t in model.graph.initializer}
     readers: dict[str, list] = {}
     for n in model.graph.node:
@@ -98,7 +98,9 @@ def int8_only_layers(model: onnx.ModelProto, full_integer: bool = True) -> dict[
             if r.op_type in _SKIP or id(r) in seen:
                 continue
             seen.add(id(r))
-            if r.op_type in MOVES:
+            if r.op_type == "Concat":       # joins it with other layers' tensors: one type for all
+                why = f"Concat {r.name!r} joins it with other tensors (int8 and int16 inputs have no form)"
+            elif r.op_type in MOVES:
                 why = next((b for o in r.output if (b := blocker(o, seen))), None)
             elif not wide(r):
                 why = f"{r.op_type} {r.name!r} reads it and has no int16 form on the NSS"
