@@ -175,13 +175,13 @@ def test_divergence_reference_is_orts_own_run():
     assert exposed and all(np.issubdtype(got[k].dtype, np.integer) for k in exposed), exposed
 
 
-def test_default_recipe_with_calibration_data_is_mixed_precision(tmp_path):
-    """With calibration data the default recipe (mixed) gives int16 layers chosen by measurement,
+def test_mixed_recipe_with_calibration_data(tmp_path):
+    """With calibration data the mixed recipe gives int16 layers chosen by measurement,
     never the graph output's; discover puts every layer on the NSS and run passes in both roundings."""
     import numpy as np
     model = build_example_cnn(tmp_path / "example.onnx") and tmp_path / "example.onnx"
     np.savez(tmp_path / "c.npz", input=np.random.default_rng(0).uniform(-1, 1, (9, 3, 32, 32)).astype(np.float32))
-    flags = ["--quantize", "--calibration-data", tmp_path / "c.npz"]
+    flags = ["--quantize", "--calibration-data", tmp_path / "c.npz", "--recipe", "mixed"]
     assert cli("discover", "--model", model, "--output-dir", tmp_path, *flags, "--skip-mode") == 0
     r = _report(tmp_path)
     wide = [n for n, p in r["quantization"]["precision"] if p == "int16"]

@@ -54,13 +54,14 @@ def test_quantize_qoperator_with_dataset_and_output(tmp_path):
     assert r.returncode == 2 and len(r.stderr.splitlines()) == 1 and "need --quant-format qdq" in r.stderr, r.stderr
 
 
-def test_quantize_default_is_mixed_with_int8_graph_outputs(tmp_path):
-    """With calibration data the default recipe (mixed) promotes the layers int8 hurts most to
+def test_quantize_mixed_keeps_int8_graph_outputs(tmp_path):
+    """With calibration data the mixed recipe promotes the layers int8 hurts most to
     int16 within its MAC cap, never one writing a graph output: the model's I/O stays int8."""
     import json
     build_example_cnn(tmp_path / "net.onnx")
     np.savez(tmp_path / "c.npz", input=np.random.default_rng(0).uniform(-1, 1, (9, 3, 32, 32)))
-    r = cli("quantize", "-m", tmp_path / "net.onnx", "--calibration-data", tmp_path / "c.npz", cwd=tmp_path)
+    r = cli("quantize", "-m", tmp_path / "net.onnx", "--calibration-data", tmp_path / "c.npz", "--recipe", "mixed",
+            cwd=tmp_path)
     assert r.returncode == 0 and r.stderr == "", r.stderr
     assert "logits: int8[1,10]" in r.stdout and "input: int8[1,3,32,32]" in r.stdout
     q = onnx.load(tmp_path / "net.int8.onnx")

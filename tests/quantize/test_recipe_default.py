@@ -30,14 +30,14 @@ def test_benchmark_accuracy_default_is_the_same(monkeypatch):
     assert recipe_from_args(ap.parse_args([]), data_elsewhere=True) == preset(RECOMMENDED)
 
 
-def test_the_default_is_mixed_and_all_int8_where_auto_cannot_apply(capsys):
-    """The recommended recipe is mixed precision; where its int16 layers cannot apply it is gptq
+def test_mixed_is_all_int8_where_auto_cannot_apply(capsys):
+    """The mixed recipe (the default is still gptq: recipe.RECOMMENDED says why); where its int16 layers cannot apply it is gptq
     (every layer int8, nothing else changed) with a note: --quant-format qoperator (no QOperator
     int16), --quant-dtype A16W8 (int16 already), no calibration data (synthetic samples). An
     explicit --precision auto is kept: with qoperator a one-line error."""
     from torq.errors import TorqError
     from torq.quantize.recipe_flags import with_flags
-    assert RECOMMENDED == "mixed" and ("*", "auto") in preset(RECOMMENDED).precision
+    assert RECOMMENDED == "gptq" and ("*", "auto") in preset("mixed").precision
     mixed, gptq = preset("mixed"), preset("gptq")
     data = {"calibration_data": "c.npz"}
     assert with_flags(mixed, data) == (mixed.replace(**data), None)
@@ -54,9 +54,9 @@ def test_the_default_is_mixed_and_all_int8_where_auto_cannot_apply(capsys):
     with pytest.raises(TorqError, match="need --quant-format qdq"):
         with_flags(gptq, {**data, "format": "qoperator", "precision": (("*", "auto"),)})
     # the command line: a note on stderr for the flag, none for missing data (the recipe says it)
-    args = build_parser().parse_args(["quantize", "--model", "m.onnx", "--quant-format", "qoperator"])
+    args = build_parser().parse_args(["quantize", "--model", "m.onnx", "--recipe", "mixed", "--quant-format", "qoperator"])
     assert recipe_from_args(args).format == "qoperator" and "note: --quant-format qoperator" in capsys.readouterr().err
-    args = build_parser().parse_args(["quantize", "--model", "m.onnx"])
+    args = build_parser().parse_args(["quantize", "--model", "m.onnx", "--recipe", "mixed"])
     assert recipe_from_args(args) == gptq and capsys.readouterr().err == ""
 
 
