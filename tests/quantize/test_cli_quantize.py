@@ -24,8 +24,12 @@ def test_quantize_default_output_and_summary(tmp_path):
     r = cli("quantize", "--model", tmp_path / "net.onnx", "--full-integer", "--per-channel")
     assert r.returncode == 0, r.stderr
     assert r.stderr == ""
-    # the default (mixed) measures its int16 layers on real inputs: without data, all int8, said
+    assert "recipe gptq [" in r.stdout and "calibration=synthetic" in r.stdout
+    # mixed measures its int16 layers on real inputs: without data it is gptq, and says so
+    r = cli("quantize", "--model", tmp_path / "net.onnx", "--recipe", "mixed", "-o", tmp_path / "m.onnx")
+    assert r.returncode == 0 and r.stderr == "", r.stderr
     assert "recipe gptq [" in r.stdout and "no --calibration-data" in r.stdout
+    r = cli("quantize", "--model", tmp_path / "net.onnx", "--full-integer", "--per-channel")
     out = tmp_path / "net.int8.onnx"
     q = onnx.load(out)
     assert q.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.INT8
@@ -38,13 +42,16 @@ def test_quantize_default_output_and_summary(tmp_path):
 
 
 def test_quantize_qoperator_with_dataset_and_output(tmp_path):
-    """The default recipe's mixed precision has no QOperator form: with --quant-format qoperator it
-    is off (one note, every layer int8); an explicit --precision auto there is refused."""
+    """The default recipe (gptq) in QOperator; mixed precision has no QOperator form: `--recipe mixed`
+    with --quant-format qoperator is gptq (one note, every layer int8); an explicit --precision auto
+    there is refused."""
     build_example_cnn(tmp_path / "net.onnx")
     np.savez(tmp_path / "c.npz", input=np.random.default_rng(0).uniform(-1, 1, (4, 3, 32, 32)))
     args = ("-m", tmp_path / "net.onnx", "-o", tmp_path / "o" / "q.onnx", "--quant-format", "QOperator",
             "--calibrate-method", "entropy", "--num-calib", "4", "--calibration-data", tmp_path / "c.npz")
     r = cli("quantize", *args)
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    r = cli("quantize", *args, "--recipe", "mixed")
     assert r.returncode == 0, r.stderr
     assert len(r.stderr.splitlines()) == 1 and "] note: --quant-format qoperator:" in r.stderr, r.stderr
     assert "QLinearConv x4" in r.stdout and "format:   qoperator" in r.stdout
