@@ -210,3 +210,13 @@ def bad_model_file(folder: Path, kind: str) -> Path:
     else:
         assert kind == "missing", kind
     return p
+
+
+def combine_shift_by_seven(h, low, out=None):
+    """An injected A16W8 fault for ``runtime.kernels.byteplanes.combine_partials``: the ACT's
+    ``act_lsh`` 7 instead of 8 when the high byte plane's partial sum joins the low one's."""
+    h = np.asarray(h)
+    if out is not None:
+        np.multiply(h, 128, out=out)
+        return np.add(out, low, out=out)
+    return h * np.asarray(128, h.dtype) + np.asarray(low).astype(h.dtype)

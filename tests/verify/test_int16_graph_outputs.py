@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from qmodels import combine_shift_by_seven
 from torq import compile
 from torq.quantize import quantize
 from torq.verify import verify
@@ -61,13 +62,7 @@ def test_an_upstream_difference_is_not_blamed_on_the_int16_output_op(monkeypatch
 def test_a_fault_in_the_int16_output_op_is_caught(monkeypatch, target):
     import torq.runtime.kernels.byteplanes as bp
 
-    def shift_by_seven(h, low, out=None):                  # act_lsh 7 instead of 8
-        h = np.asarray(h)
-        if out is not None:
-            np.multiply(h, 128, out=out)
-            return np.add(out, low, out=out)
-        return h * np.asarray(128, h.dtype) + np.asarray(low).astype(h.dtype)
-    monkeypatch.setattr(bp, target, shift_by_seven)
+    monkeypatch.setattr(bp, target, combine_shift_by_seven)          # act_lsh 7 instead of 8
     c = compile(_mlp())                                    # a fresh compile: plans are built with the fault
     r = verify(c)
     assert not r.ok
