@@ -116,22 +116,12 @@ def verify(compiled, seed: int = 0, modes=("native", "ort"), inputs=None) -> Ver
     inputs = inputs if inputs is not None else random_inputs(compiled.model, seed)
     ref = reference.run(compiled.model, inputs)
     program = compiled.program
-    wide = float_steps(program)
     res = VerifyResult(lowered=dict(compiled.report.lowered), modes=tuple(modes),
-                       ort_kernels=reference.kernels(compiled.model), float_steps=len(wide),
+                       ort_kernels=reference.kernels(compiled.model), float_steps=len(float_steps(program)),
                        islands_line=compiled.report.islands_line())
     sim = getattr(compiled, "simulator", None) or Simulator(program)
     feed = program.feed(inputs)
-    # int16 ops writing a graph output: judged against ORT's own output by the bounded contract
-    # (int8 ops keep the exact ort-mode formula: ORT may have run some of them unfused, in float)
-    # when that comparison is op-local: the op reads ORT's own inputs (graph inputs through data
-    # movement). Behind rescaling ops it reads the NSS's values, which may differ from ORT's by
-    # the admissible ±1 LSB of an int16 op upstream; ORT's output there says nothing about this
-    # op (one upstream LSB can move an int16 output by hundreds), so it is held to its formula.
-    local = _reads_graph_inputs(program, sim)
-    wide_out = {st.out for st in wide if all(local.get(a, False) for a in st.args)}
-    ort_at = {p.slot: numerics.uint8_to_int8(ref[p.name]) if p.uint8 else ref[p.name]
-              for p in program.outputs if p.name in ref and p.slot in wide_out}
+    ort_at = ort_judged(program, sim, ref)
     islands = [i for i in getattr(compiled, "islands", ()) if i.outputs]
     edge_ref = _island_edges(compiled.model, islands, inputs) if islands else {}
     for mode in modes:
@@ -142,6 +132,21 @@ def verify(compiled, seed: int = 0, modes=("native", "ort"), inputs=None) -> Ver
         if islands:
             _judge_islands(res, sim, feed, mode, islands, edge_ref, ref)
     return res
+
+
+def ort_judged(program, sim, ref: dict) -> dict:
+    """{slot: ORT's own value}: the int16 ops writing a graph output that are judged against ORT's
+    own output by the bounded contract (``Simulator.run(..., ort_at=)``); int8 ops keep the exact
+    ort-mode formula (ORT may have run some of them unfused, in float). Only where that
+    comparison is op-local: the op reads ORT's own inputs (graph inputs through data movement).
+    Behind rescaling ops it reads the NSS's values, which may differ from ORT's by the admissible
+    ±1 LSB of an int16 op upstream; ORT's output there says nothing about this op (one upstream
+    LSB can move an int16 output by hundreds), so it is held to its formula. ``ref``: ORT's
+    outputs by ONNX name."""
+    local = _reads_graph_inputs(program, sim)
+    wide_out = {st.out for st in float_steps(program) if all(local.get(a, False) for a in st.args)}
+    return {p.slot: numerics.uint8_to_int8(ref[p.name]) if p.uint8 else ref[p.name]
+            for p in program.outputs if p.name in ref and p.slot in wide_out}
 
 
 def _reads_graph_inputs(program, sim) -> dict:

@@ -28,13 +28,15 @@ def _checked(fn, reference, causes):
     ``reference(args, rounding)`` is the plain numpy formula of a mode; ``mismatches`` counts
     elements where the executed ``out`` differs from the reference of its own mode (must be 0);
     the native-vs-ort comparison uses ``out`` for the executed mode and the reference for the
-    other, or ``ort``: ONNX Runtime's own output on the same inputs, when the caller has it;
+    other; given ``ort``, ONNX Runtime's own output on the same inputs, it is the executed
+    ``out`` (either mode) against that: what the run computed is what is judged (an ``ort``-mode
+    int16 output is ORT's float path with one rounding, itself within the bound);
     ``causes(args, mask, native, ort)`` classifies the differing elements (tie / near-tie /
     other; for int16 activations float / overflow / other, ``numerics.int16``)."""
     def check(args, out, rounding, ort=None):
         own = reference(args, rounding)
         mismatches = int(np.count_nonzero(np.asarray(own) != np.asarray(out)))
-        native = out if rounding == "native" else reference(args, "native")
+        native = out if rounding == "native" or ort is not None else reference(args, "native")
         if ort is None:
             ort = out if rounding == "ort" else reference(args, "ort")
         native, ort = np.asarray(native), np.asarray(ort).reshape(np.shape(native))

@@ -46,8 +46,20 @@ def program_path(model, cache_dir) -> Path:
 
 def from_model(model, *, cache_dir, rounding: str = "native", recompute: bool = False) -> Runnable:
     """The NSS runnable of an ONNX model, from its cached Program when there is one."""
-    from ...program import Program
     from ...runtime.nss import Simulator
+    program = cached_program(model, cache_dir=cache_dir, recompute=recompute)
+    sim = Simulator(program)
+
+    def run(inputs):
+        t0 = time.perf_counter()
+        out = program.fetch(sim.run(program.feed(inputs), rounding))
+        return out, (time.perf_counter() - t0) * 1e3
+    return Runnable(NAME, run)
+
+
+def cached_program(model, *, cache_dir, recompute: bool = False):
+    """The compiled ``Program`` of an ONNX model: loaded from the cache, else compiled and saved."""
+    from ...program import Program
     path = program_path(model, cache_dir)
     program = None
     if path.exists() and not recompute:
@@ -68,10 +80,4 @@ def from_model(model, *, cache_dir, rounding: str = "native", recompute: bool = 
             program.save(path, cache_key=path.stem)
         except OSError:
             pass  # a read-only cache only costs speed
-    sim = Simulator(program)
-
-    def run(inputs):
-        t0 = time.perf_counter()
-        out = program.fetch(sim.run(program.feed(inputs), rounding))
-        return out, (time.perf_counter() - t0) * 1e3
-    return Runnable(NAME, run)
+    return program
