@@ -90,6 +90,8 @@ def test_int16_drift_beyond_a_tight_tolerance_passes_layer_by_layer(chains, roun
     assert all(r["unexplained"] == 0 for r in rows.values() if r["int16"])
     out = capsys.readouterr().out
     assert "run: PASS (int16 drift explained" in out and "whole-model max |Δ|" in out
+    assert cli("view", "--model", model, "--output-dir", d) == 0
+    assert "judged per layer (int16): True" in capsys.readouterr().out
 
 
 def test_a_weight_the_compiler_got_wrong_fails_naming_the_layer(chains, monkeypatch, capsys):

@@ -115,7 +115,8 @@ def final_text(report: dict) -> str:
     if m:
         lines += ["", "Full Model Comparison:",
                   f"  max |Δ| {m.get('max_abs_lsb')} LSB (tolerance {m.get('tolerance_lsb')}): "
-                  f"{'PASS' if m.get('passed') else 'FAIL'}"]
+                  f"{'PASS' if m.get('passed') else 'FAIL'}"
+                  + (" (judged per layer: int16 layers are bounded, not exact)" if m.get("judged") == "per-layer" else "")]
     return "\n".join(lines + [""] + status_table(ops))
 
 

@@ -85,8 +85,9 @@ def print_table(report: dict, console=None, show_all: bool = False) -> None:
     m = report.get("full_model_metrics")
     if m:
         stale = " (stale: the map changed since; run again)" if m.get("stale") else ""
-        console.print(escape(f"full model (run): max |Δ| {m.get('max_abs_lsb')} LSB, "
-                             f"within tolerance: {m.get('passed')}{stale}"))
+        verdict = f"judged per layer (int16): {m.get('passed')}" if m.get("judged") == "per-layer" else \
+            f"within tolerance: {m.get('passed')}"
+        console.print(escape(f"full model (run): max |Δ| {m.get('max_abs_lsb')} LSB, {verdict}{stale}"))
 
 
 def find_layer(report: dict, name: str) -> str:
