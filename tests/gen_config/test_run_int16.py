@@ -125,3 +125,19 @@ def test_int8_model_keeps_the_whole_model_tolerance(chains, monkeypatch, capsys)
     m = _metrics(d)
     assert "per_layer" not in m and m["first_divergence"]["layer_id"] == "Conv_conv1"
     assert "first diverging layer: Conv_conv1 on nss" in capsys.readouterr().out
+
+
+def test_an_iree_layer_of_an_int16_model_is_held_to_the_tolerance(chains):
+    """conv1 (int16 out) on the host: IREE compiles the QDQ graph itself, so it gets the tolerance,
+    not the NSS's int16 bound, whatever its difference from ORT on these inputs."""
+    model, d = chains["int16"]
+    assert cli("edit", "--model", model, "--output-dir", d, "--layer", "Conv_conv1", "--executor", "host") == 0
+    try:
+        rc = cli("run", "--model", model, "--output-dir", d, *INT16, "--rounding", "ort", "--tolerance-lsb", "0")
+    finally:
+        assert cli("edit", "--model", model, "--output-dir", d, "--layer", "Conv_conv1", "--executor", "auto") == 0
+    m = _metrics(d)
+    assert m["judged"] == "per-layer" and rc == (0 if m["passed"] else 1)
+    row = next(r for r in m["per_layer"]["layers"] if r["layer_id"] == "Conv_conv1")
+    assert row["executor"] == "host" and row["int16"] and "explained" not in row
+    assert row["ok"] == (row["beyond"] == 0)
