@@ -115,6 +115,24 @@ def test_a_byte_plane_fault_in_the_simulator_fails_naming_the_layer(chains, monk
     assert "run: FAIL: layer Conv_conv2 on nss:" in capsys.readouterr().out
 
 
+def test_a_layer_that_does_not_compile_alone_is_no_pass(chains, monkeypatch, capsys):
+    """conv1 runs inside its segment but its single-layer program is refused: not judged, so FAIL."""
+    from torq.gen_config.executors import ExecutorError, nss
+    model, d = chains["int16"]
+    real = nss.cached_program
+
+    def refusing(model, **kw):
+        program = real(model, **kw)
+        if len(program.steps) == 1 and program.constants[program.steps[0].args[0]].shape == (16, 16, 3, 3):
+            raise ExecutorError("no_pattern", "injected: conv1 alone has no pattern")
+        return program
+    monkeypatch.setattr(nss, "cached_program", refusing)
+    assert cli("run", "--model", model, "--output-dir", d, *INT16, "--rounding", "ort", "--tolerance-lsb", "0") == 1
+    f = _metrics(d)["per_layer"]["failed"]
+    assert f["layer_id"] == "Conv_conv1" and "injected" in f["error"]
+    assert "run: FAIL: layer Conv_conv1 on nss could not be judged alone" in capsys.readouterr().out
+
+
 def test_int8_model_keeps_the_whole_model_tolerance(chains, monkeypatch, capsys):
     model, d = chains["int8"]
     assert cli("run", "--model", model, "--output-dir", d, *INT8, "--rounding", "ort", "--tolerance-lsb", "0") == 0

@@ -35,10 +35,12 @@ def has_int16(model) -> bool:
 
 
 def judge_layers(c, segs, inputs: dict, ours: dict, opts, names: dict, scales: dict) -> dict:
-    """Every layer of ``segs`` on ORT's own inputs (a layer input ORT does not expose, a float
-    one, is this run's own value), judged as the module says. ``ours``: this run's tensors,
-    ``names``: compute node index -> layer id, ``scales``: float output -> its LSB."""
+    """Every layer of ``segs`` on ORT's own inputs, judged as the module says. ORT exposes its
+    integer tensors (``ort_intermediates``) and the graph outputs: a float tensor between layers
+    (none under full-integer I/O) is fed from this run and not compared. ``ours``: this run's
+    tensors, ``names``: compute node index -> layer id, ``scales``: float output -> its LSB."""
     from ..graph import extract_chain
+    from .executors import ExecutorError
     from .run import _inputs, ort_intermediates, segment_runnable
     ort = ort_intermediates(c, inputs)
     known = {**ours, **inputs, **ort}
@@ -48,12 +50,16 @@ def judge_layers(c, segs, inputs: dict, ours: dict, opts, names: dict, scales: d
         if model is None:
             continue
         feed = {n: known[n] for n in _inputs(model)}
-        if executor == "nss":
-            row = _judge_nss(model, feed, ort, opts, scales)
-        else:
-            outs, _ = segment_runnable(model, executor, opts).run(feed)
-            row = _within(outs, ort, opts.tolerance_lsb, scales)
-            row["int16"] = int16_involved(*(np.asarray(v).dtype for v in (*feed.values(), *outs.values())))
+        try:
+            if executor == "nss":
+                row = _judge_nss(model, feed, ort, opts, scales)
+            else:
+                outs, _ = segment_runnable(model, executor, opts).run(feed)
+                row = _within(outs, ort, opts.tolerance_lsb, scales)
+                row["int16"] = int16_involved(*(np.asarray(v).dtype for v in (*feed.values(), *outs.values())))
+        except ExecutorError as e:       # it ran inside its segment: alone it is not judged, so no PASS
+            row = {"max_abs_lsb": 0.0, "differing": 0, "beyond": 0, "int16": False, "ok": False,
+                   "error": f"[{e.reason_code}] {e.summary}"}
         rows.append({"layer_id": names.get(group[0], f"node {group[0]}"), "executor": executor, **row})
     failed = next((r for r in rows if not r["ok"]), None)
     return {"passed": failed is None, "failed": failed,

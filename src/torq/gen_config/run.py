@@ -455,10 +455,14 @@ def _print_per_layer(m: dict, path) -> int:
     whole = f"whole-model max |Δ| {m['max_abs_lsb']:g} LSB > ±{m['tolerance_lsb']:g}"
     if j["passed"]:
         print(f"run: PASS (int16 drift explained: on ORT's own inputs every layer is within ±{m['tolerance_lsb']:g} LSB, "
-              f"the {len(j['int16_layers'])} int16 layers within the int16 float bound ({j['explained']} element(s) "
-              f"explained); per-layer max |Δ| {j['max_abs_lsb']:g} LSB; {whole}; rounding {m['rounding']}) -> {path}")
+              f"the {len(j['int16_layers'])} layers with int16 in or out within the int16 float bound "
+              f"({j['explained']} element(s) explained); per-layer max |Δ| {j['max_abs_lsb']:g} LSB; {whole}; rounding {m['rounding']}) -> {path}")
         return 0
     f = j["failed"]
+    if f.get("error"):
+        print(f"run: FAIL: layer {f['layer_id']} on {f['executor']} could not be judged alone on ORT's inputs "
+              f"({f['error']}); {whole}")
+        return 1
     why = (f"{f['unexplained']} element(s) not explained by the int16 bound" if f["int16"] and f["executor"] == "nss"
            else f"{f['beyond']} element(s) beyond ±{m['tolerance_lsb']:g} LSB")
     print(f"run: FAIL: layer {f['layer_id']} on {f['executor']}: {why} (max |Δ| {f['max_abs_lsb']:g} LSB against "
