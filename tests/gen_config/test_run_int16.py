@@ -29,7 +29,8 @@ def _chain(path):
     rng = np.random.default_rng(3)
     nodes, inits, x = [], [], "x"
     for i, (ci, co) in enumerate(((8, 16), (16, 16), (16, 8))):
-        inits += [numpy_helper.from_array(rng.normal(0, 1 / np.sqrt(9 * ci), (co, ci, 3, 3)).astype(np.float32), f"w{i}"),
+        w = rng.normal(0, 1 / np.sqrt(9 * ci), (co, ci, 3, 3))
+        inits += [numpy_helper.from_array(w.astype(np.float32), f"w{i}"),
                   numpy_helper.from_array(rng.normal(0, 0.1, co).astype(np.float32), f"b{i}")]
         nodes.append(helper.make_node("Conv", [x, f"w{i}", f"b{i}"], [f"conv{i}"], name=f"conv{i}", pads=[1] * 4,
                                       kernel_shape=[3, 3]))

@@ -454,9 +454,10 @@ def _print_per_layer(m: dict, path) -> int:
     j = m["per_layer"]
     whole = f"whole-model max |Δ| {m['max_abs_lsb']:g} LSB > ±{m['tolerance_lsb']:g}"
     if j["passed"]:
-        print(f"run: PASS (int16 drift explained: on ORT's own inputs every layer is within ±{m['tolerance_lsb']:g} LSB, "
-              f"the {len(j['int16_layers'])} layers with int16 in or out within the int16 float bound "
-              f"({j['explained']} element(s) explained); per-layer max |Δ| {j['max_abs_lsb']:g} LSB; {whole}; rounding {m['rounding']}) -> {path}")
+        print(f"run: PASS (int16 drift explained: on ORT's own inputs every layer is within "
+              f"±{m['tolerance_lsb']:g} LSB, the {len(j['int16_layers'])} layers with int16 in or out within the "
+              f"int16 float bound ({j['explained']} element(s) explained); per-layer max |Δ| {j['max_abs_lsb']:g} "
+              f"LSB; {whole}; rounding {m['rounding']}) -> {path}")
         return 0
     f = j["failed"]
     if f.get("error"):
