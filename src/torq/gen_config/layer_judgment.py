@@ -66,6 +66,7 @@ def judge_layers(c, segs, inputs: dict, ours: dict, opts, names: dict, scales: d
             "int16_layers": [r["layer_id"] for r in rows if r["int16"]],
             "max_abs_lsb": max((r["max_abs_lsb"] for r in rows), default=0.0),
             "explained": sum(r.get("explained", 0) for r in rows),
+            "overflow": sum(r.get("overflow", 0) for r in rows),
             "layers": rows}
 
 
@@ -91,8 +92,9 @@ def _judge_nss(model, feed: dict, ort: dict, opts, scales: dict) -> dict:
     bad = [od for od in checks if not od.explained]
     unexplained = rest["beyond"] + sum((od.causes.get("other", 0) + od.mismatches) or od.differ for od in bad)
     explained = sum(od.causes.get("float", 0) + od.causes.get("overflow", 0) for od in checks if od.explained)
+    overflow = sum(od.causes.get("overflow", 0) for od in checks)      # the ACT's 32-bit wrap: said, not silent
     return dict(row, beyond=rest["beyond"], int16=True, explained=explained, unexplained=unexplained,
-                ok=unexplained == 0 and not bad)
+                overflow=overflow, ok=unexplained == 0 and not bad)
 
 
 def _within(outs: dict, ort: dict, tol: float, scales: dict) -> dict:

@@ -456,7 +456,9 @@ def _print_per_layer(m: dict, path) -> int:
     if j["passed"]:
         print(f"run: PASS (int16 drift explained: on ORT's own inputs every layer is within "
               f"±{m['tolerance_lsb']:g} LSB, the {len(j['int16_layers'])} layers with int16 in or out within the "
-              f"int16 float bound ({j['explained']} element(s) explained); per-layer max |Δ| {j['max_abs_lsb']:g} "
+              f"int16 float bound ({j['explained']} element(s) explained"
+              + (f", {j['overflow']} of them at an int32 overflow of the ACT sum" if j.get("overflow") else "")
+              + f"); per-layer max |Δ| {j['max_abs_lsb']:g} "
               f"LSB; {whole}; rounding {m['rounding']}) -> {path}")
         return 0
     f = j["failed"]
