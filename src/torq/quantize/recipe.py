@@ -317,9 +317,9 @@ def prepare(recipe: Recipe, model: onnx.ModelProto, reader=None, where: str = "m
 
 def keeps_tensors(recipe: Recipe) -> bool:
     """Does calibrating ``recipe`` hold every tensor of every sample at once? A histogram calibrator
-    does, and so does ``--precision auto`` (its sensitivity runs the samples as one batch); MinMax
-    and our calibrated passes keep only ranges and running sums (memory_bound)."""
-    return recipe.calibrate_method != "minmax" or ("*", "auto") in recipe.precision
+    does; MinMax, our calibrated passes and ``--precision auto`` (its sensitivity streams the
+    samples in chunks that fit, at least one sample) keep ranges and running sums (memory_bound)."""
+    return recipe.calibrate_method != "minmax"
 
 
 def apply(recipe: Recipe, model, reader=None, *, where: str | None = None,
