@@ -17,7 +17,7 @@ from torq.quantize.calibration import SyntheticDataReader
 from torq.quantize.precision import name_nodes
 from torq.quantize.sensitivity import batched, samples_of
 
-N = 12
+N = 13
 
 
 def _dynamic_batch(m: onnx.ModelProto) -> onnx.ModelProto:
@@ -48,9 +48,10 @@ def _same(a, b) -> bool:
             and [s.sqnr_db for s in a] == pytest.approx([s.sqnr_db for s in b], rel=1e-9, abs=0))
 
 
-@pytest.mark.parametrize("at_once", [2, 5, 7])
-def test_chunked_figures_are_the_one_batch_figures(case, at_once, monkeypatch):
+@pytest.mark.parametrize("at_once, sizes", [(3, [2, 3, 2, 3, 3]), (5, [4, 4, 5]), (7, [6, 7])])
+def test_chunked_figures_are_the_one_batch_figures(case, at_once, sizes, monkeypatch):
     m, samples, one = case
+    assert [len(p) for p in sensitivity.chunks(m, samples, at_once)] == sizes
     assert max(s.kl for s in one) > 0
     run, rows = sensitivity._run, []
 
@@ -59,7 +60,7 @@ def test_chunked_figures_are_the_one_batch_figures(case, at_once, monkeypatch):
         return run(model, outputs, batches, optimize)
     monkeypatch.setattr(sensitivity, "_run", counting)
     got = sensitivity._measure(m, samples, at_once=at_once)
-    assert max(rows) == at_once                          # no ORT run saw more than a chunk
+    assert max(rows) == max(sizes)                       # no ORT run saw more than a chunk
     assert _same(got, one)
 
 
@@ -84,12 +85,12 @@ def test_ranges_of_the_first_chunk_only_are_caught(case, monkeypatch):
 
 def test_the_default_chunk_is_what_memory_allows(case, monkeypatch):
     """``samples_at_once``: as many samples' tensors as fit beside every sample's inputs and within
-    ``CHUNK_BYTES``, at least one, the chunks evened out; the figures do not move."""
+    ``CHUNK_BYTES``, at least one; the chunks evened out; the figures do not move."""
     m, samples, one = case
     inputs, per_sample = memory_bound.sample_bytes(m)
-    monkeypatch.setattr(memory_bound, "CHUNK_BYTES", 5 * per_sample)
-    assert memory_bound.samples_at_once(m, N) == 4                       # 12 at 5: 4, 4, 4
-    assert [len(p) for p in sensitivity.chunks(m, samples)] == [4, 4, 4]
+    monkeypatch.setattr(memory_bound, "CHUNK_BYTES", 6 * per_sample)
+    assert memory_bound.samples_at_once(m, N) == 6
+    assert [len(p) for p in sensitivity.chunks(m, samples)] == [4, 4, 5]     # 13 at 6: not 6, 6, 1
     assert _same(sensitivity._measure(m, samples), one)
     monkeypatch.setattr(memory_bound, "available_bytes", lambda: int((N * inputs + per_sample // 2) / 0.6))
     assert memory_bound.samples_at_once(m, N) == 1                        # not even one fits: one

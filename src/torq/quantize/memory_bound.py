@@ -81,14 +81,12 @@ def check(model: onnx.ModelProto, samples: int, what: str, flag: str, *, keeps_t
 
 
 def samples_at_once(model: onnx.ModelProto, samples: int) -> int:
-    """How many of ``samples`` a streaming pass (``--precision auto``'s sensitivity) runs at once:
-    the samples whose tensors fit in ``FRACTION`` of the free memory beside every sample's inputs,
-    and in ``CHUNK_BYTES``; at least 1 (``check`` refuses what one does not fit). The chunks are
-    evened out (61 samples at 20: 16, 16, 16, 13)."""
+    """How many of ``samples`` a streaming pass (``--precision auto``'s sensitivity) may run at
+    once: the samples whose tensors fit in ``FRACTION`` of the free memory beside every sample's
+    inputs, and in ``CHUNK_BYTES``; at least 1 (``check`` refuses what one does not fit)."""
     inputs, per_sample = sample_bytes(model)
     room = min(int(available_bytes() * FRACTION) - samples * inputs, CHUNK_BYTES)
-    at_once = max(1, min(samples, room // max(per_sample, 1)))
-    return -(-samples // -(-samples // at_once)) if samples else 1
+    return max(1, min(samples, room // max(per_sample, 1)))
 
 
 def _gib(n: int) -> str:

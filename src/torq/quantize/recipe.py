@@ -199,8 +199,9 @@ PRESETS: dict[str, Recipe] = {
 #: with an int16 MAC cap of 2.5 / 5 / 10 %) chose the 5 % cap, the ``mixed`` preset; it is not the
 #: default (yet) because its int16 layers, which ORT runs in float32, are only bounded against ORT
 #: layer by layer: on deep-sort MobileNetV2 they add up to 13 LSB at the output, beyond ``run``'s
-#: whole-model tolerance (gptq: 0 LSB), and its sensitivity pass keeps every tensor of the
-#: calibration batch (DenseNet-121 needs --num-calib <= 77). docs/recipes.md has the figures.
+#: whole-model tolerance (gptq: 0 LSB); its sensitivity pass held every tensor of the calibration
+#: batch (DenseNet-121 needed --num-calib <= 77) until session 6 made it stream (docs/mixed-precision.md).
+#: docs/recipes.md has the figures.
 #: ``Recipe()`` itself is ORT's quantize_static defaults behind the front end: the base presets
 #: change, and the defaults of the Python ``quantize()`` (which keeps ORT's keyword vocabulary).
 RECOMMENDED = "gptq"

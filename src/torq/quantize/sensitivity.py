@@ -118,12 +118,15 @@ def _measure(fp32: onnx.ModelProto, samples: list[dict], progress=None, whole: b
 
 
 def chunks(model: onnx.ModelProto, samples: list[dict], at_once: int | None = None) -> list[list[dict]]:
-    """The samples in chunks of at most ``at_once`` (default: as many as memory allows,
-    ``memory_bound.samples_at_once``). Batch a chunk (``batched``) only when it is run: a
-    batch is a copy of its samples' inputs."""
+    """The samples in the fewest chunks of at most ``at_once`` (default: as many as memory allows,
+    ``memory_bound.samples_at_once``), evened out (61 at 6: six of 6, five of 5; not a last chunk
+    of one, whose Gemm ORT computes with another kernel). Batch a chunk (``batched``) only when
+    it is run: a batch is a copy of its samples' inputs."""
     from .memory_bound import samples_at_once
-    n = at_once or samples_at_once(model, len(samples))
-    return [samples[i:i + n] for i in range(0, len(samples), n)]
+    n = len(samples)
+    parts = -(-n // (at_once or samples_at_once(model, n))) if n else 1
+    cuts = [n * k // parts for k in range(parts + 1)]
+    return [samples[a:b] for a, b in zip(cuts, cuts[1:])]
 
 
 class _Pieces:
