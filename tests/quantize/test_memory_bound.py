@@ -60,3 +60,41 @@ def test_minmax_still_refuses_inputs_that_do_not_fit(tmp_path, monkeypatch):
     m = onnx.load(_deep(tmp_path / "m.onnx"))
     with pytest.raises(TorqError, match="one inference's tensors.*--num-calib [0-9]+ or fewer"):
         memory_bound.check(m, 100, "m.onnx", "--num-calib", keeps_tensors=False)
+
+
+def test_auto_streams_samples_that_fit_one_at_a_time(capsys, tmp_path, monkeypatch):
+    """``--precision auto`` with MinMax holds the samples' inputs and one chunk of tensors (its
+    sensitivity streams): admitted where holding every tensor would be refused, and its chunks
+    are what the budget allows; with a histogram calibrator it is refused as before."""
+    from torq.quantize import sensitivity
+    from torq.quantize.recipe import keeps_tensors, preset
+    assert not keeps_tensors(preset("mixed")) and keeps_tensors(preset("mixed").replace(calibrate_method="entropy"))
+    m = onnx.load(_deep(tmp_path / "m.onnx"))
+    monkeypatch.setattr(memory_bound, "available_bytes", lambda: 100 << 20)
+    with pytest.raises(TorqError, match="every intermediate tensor"):             # what auto was held to
+        memory_bound.check(m, 100, "m.onnx", "--num-calib", keeps_tensors=True)
+    chunks = sensitivity.chunks
+    seen = []
+    monkeypatch.setattr(sensitivity, "chunks", lambda *a: seen.append([len(p) for p in chunks(*a)]) or chunks(*a))
+    code, err, out = _quantize(capsys, tmp_path, monkeypatch, "--precision", "auto", "--accuracy-budget", "0")
+    assert code == 0, err
+    assert out.exists()
+    inputs, per_sample = memory_bound.sample_bytes(m)
+    at_once = min((60 << 20) - 67 * inputs, memory_bound.CHUNK_BYTES) // per_sample    # 67 calibration, 33 held apart
+    assert seen and 1 < max(seen[0]) <= at_once < 67 and sum(seen[0]) == 67, seen
+    code, err, _ = _quantize(capsys, tmp_path, monkeypatch, "--precision", "auto", "--accuracy-budget", "0",
+                             "--calibrate-method", "entropy")
+    assert code == 2 and "every intermediate tensor" in err, err
+
+
+def test_auto_is_refused_when_the_inputs_do_not_fit(capsys, tmp_path, monkeypatch):
+    """What auto cannot stream is the samples' inputs (all of them are split and kept): the
+    one-line refusal names them and one inference's tensors."""
+    monkeypatch.setattr(memory_bound, "available_bytes", lambda: 5 << 20)        # budget 3 MiB < 100 inputs
+    code = main(["quantize", "--model", str(_deep(tmp_path / "m.onnx")), "-o", str(tmp_path / "q.onnx"),
+                 "--num-calib", "100", "--precision", "auto", "--accuracy-budget", "0"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.count("\n") == 0 and "one inference's tensors" in err, err
+    inputs, per_sample = memory_bound.sample_bytes(onnx.load(tmp_path / "m.onnx"))
+    fits = ((3 << 20) - (per_sample - inputs)) // inputs
+    assert f"--num-calib {fits} or fewer" in err and "of 32.0 KiB each" in err and not (tmp_path / "q.onnx").exists(), err

@@ -31,7 +31,7 @@ import numpy as np
 import onnx
 
 from ..errors import TorqError
-from .sensitivity import LayerSensitivity, batched, measure, samples_of, softmax_kl
+from .sensitivity import LayerSensitivity, batched, chunks, measure, samples_of, softmax_kl
 
 
 @dataclass(frozen=True)
@@ -70,8 +70,9 @@ class AutoPrecision:
                 "layers": [c.to_json() for c in self.layers]}
 
 
-def outputs_of(model: onnx.ModelProto, samples: list[dict], fused: bool = True) -> np.ndarray:
-    """First output of ``model`` on the samples, rows = samples (ORT; int8 QDQ fused)."""
+def outputs_of(model: onnx.ModelProto, samples, fused: bool = True) -> np.ndarray:
+    """First output of ``model`` on the samples (an iterable of input dicts, each run as it comes),
+    rows = samples (ORT; int8 QDQ fused)."""
     from ..reference import session
     sess = session(model, fused=fused)
     name = sess.get_outputs()[0].name
@@ -112,7 +113,8 @@ def choose(fp32: onnx.ModelProto, quantize_fn, calibration: list[dict], holdout:
     if budget == 0:                   # no search: the cap decides (module docstring)
         share = sum(s.macs for s in ranked[:cap]) / total
         return _result(sens, ranked, cap, cap, budget, (None, None, share, None), {}, total, 0, keep_int8)
-    reference = outputs_of(fp32, batched(fp32, holdout), fused=False)
+    # the held-apart samples in chunks (``sensitivity.chunks``), each batched when it is run
+    reference = outputs_of(fp32, (b for part in chunks(fp32, holdout) for b in batched(fp32, part)), fused=False)
     cache: dict[int, tuple] = {}
 
     def trial(k: int):

@@ -9,6 +9,8 @@ counts as 1). MinMax keeps only each tensor's min and max per sample (its augmen
 them), and our own calibrated passes (CLE, bias correction, GPTQ) keep running sums: there the
 samples' inputs are kept and the intermediates of one inference at a time are live (DenseNet-121:
 168.6 MiB of tensors a sample, 100 samples refused as 16.5 GiB though they need ~0.2 GiB).
+``--precision auto``'s sensitivity pass is of the second kind: it streams the samples in chunks
+(``samples_at_once``: as many as fit beside the inputs, at least one) with running sums.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import onnx
 from ..errors import TorqError
 
 FRACTION = 0.6                  # of the memory available now
+CHUNK_BYTES = 1 << 30           # a streaming pass's tensors at once: more batching buys little speed
 _BYTES = {onnx.TensorProto.FLOAT: 4, onnx.TensorProto.DOUBLE: 8, onnx.TensorProto.FLOAT16: 2,
           onnx.TensorProto.BFLOAT16: 2, onnx.TensorProto.INT8: 1, onnx.TensorProto.UINT8: 1,
           onnx.TensorProto.INT16: 2, onnx.TensorProto.INT32: 4, onnx.TensorProto.INT64: 8,
@@ -61,7 +64,8 @@ def check(model: onnx.ModelProto, samples: int, what: str, flag: str, *, keeps_t
     """A TorqError when ``samples`` samples would not fit in ``FRACTION`` of the free memory.
 
     ``keeps_tensors``: every tensor of every sample is held at once (a histogram calibrator, a
-    batch); else only the samples' inputs plus one sample's intermediates (MinMax calibration)."""
+    batch); else only the samples' inputs plus one sample's intermediates (MinMax calibration, a
+    streaming pass: ``samples_at_once``)."""
     inputs, per_sample = sample_bytes(model)
     budget = int(available_bytes() * FRACTION)
     held, once = (per_sample, 0) if keeps_tensors else (inputs, per_sample - inputs)
@@ -76,5 +80,14 @@ def check(model: onnx.ModelProto, samples: int, what: str, flag: str, *, keeps_t
                     f"{_gib(budget)} this machine can spare; {advice}")
 
 
+def samples_at_once(model: onnx.ModelProto, samples: int) -> int:
+    """How many of ``samples`` a streaming pass (``--precision auto``'s sensitivity) may run at
+    once: the samples whose tensors fit in ``FRACTION`` of the free memory beside every sample's
+    inputs, and in ``CHUNK_BYTES``; at least 1 (``check`` refuses what one does not fit)."""
+    inputs, per_sample = sample_bytes(model)
+    room = min(int(available_bytes() * FRACTION) - samples * inputs, CHUNK_BYTES)
+    return max(1, min(samples, room // max(per_sample, 1)))
+
+
 def _gib(n: int) -> str:
-    return f"{n / 2**30:.2f} GiB" if n >= 2**28 else f"{n / 2**20:.1f} MiB"
+    return f"{n / 2**30:.2f} GiB" if n >= 2**28 else f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"

@@ -199,8 +199,9 @@ PRESETS: dict[str, Recipe] = {
 #: with an int16 MAC cap of 2.5 / 5 / 10 %) chose the 5 % cap, the ``mixed`` preset; it is not the
 #: default (yet) because its int16 layers, which ORT runs in float32, are only bounded against ORT
 #: layer by layer: on deep-sort MobileNetV2 they add up to 13 LSB at the output, beyond ``run``'s
-#: whole-model tolerance (gptq: 0 LSB), and its sensitivity pass keeps every tensor of the
-#: calibration batch (DenseNet-121 needs --num-calib <= 77). docs/recipes.md has the figures.
+#: whole-model tolerance (gptq: 0 LSB); its sensitivity pass held every tensor of the calibration
+#: batch (DenseNet-121 needed --num-calib <= 77) until session 6 made it stream (docs/mixed-precision.md).
+#: docs/recipes.md has the figures.
 #: ``Recipe()`` itself is ORT's quantize_static defaults behind the front end: the base presets
 #: change, and the defaults of the Python ``quantize()`` (which keeps ORT's keyword vocabulary).
 RECOMMENDED = "gptq"
@@ -317,9 +318,9 @@ def prepare(recipe: Recipe, model: onnx.ModelProto, reader=None, where: str = "m
 
 def keeps_tensors(recipe: Recipe) -> bool:
     """Does calibrating ``recipe`` hold every tensor of every sample at once? A histogram calibrator
-    does, and so does ``--precision auto`` (its sensitivity runs the samples as one batch); MinMax
-    and our calibrated passes keep only ranges and running sums (memory_bound)."""
-    return recipe.calibrate_method != "minmax" or ("*", "auto") in recipe.precision
+    does; MinMax, our calibrated passes and ``--precision auto`` (its sensitivity streams the
+    samples in chunks that fit, at least one sample) keep ranges and running sums (memory_bound)."""
+    return recipe.calibrate_method != "minmax"
 
 
 def apply(recipe: Recipe, model, reader=None, *, where: str | None = None,

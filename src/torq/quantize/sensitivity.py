@@ -13,6 +13,10 @@ The quantized tensor is the layer's output after any single-consumer chain of Re
 The fp32 values are computed once, the model run in pieces cut after each layer's tensor; each
 variant then runs only the nodes its int8 tensor reaches, from the fp32 values at its cut
 (``_Pieces``): the cost of a layer is the part of the model behind it.
+
+The samples stream through in chunks (``memory_bound.samples_at_once``: one chunk's tensors in
+memory, not every sample's), each layer's KL and SQNR kept as running sums (``_Error``); the
+calibration ranges are the whole set's, reduced over the chunks first (``_ranges``).
 """
 from __future__ import annotations
 
@@ -77,36 +81,52 @@ _LAST: dict = {}
 
 
 def _measure(fp32: onnx.ModelProto, samples: list[dict], progress=None, whole: bool = False,
-             optimize: bool = True) -> list[LayerSensitivity]:
+             optimize: bool = True, at_once: int | None = None) -> list[LayerSensitivity]:
     """Each layer's output fake-quantized in turn. The fp32 values are computed once: the model is
     run in pieces, cut after each layer's tensor (``_Pieces``), and each variant runs only what
     its quantized tensor reaches, from the fp32 values at its cut (``whole``: the whole model per
     layer instead, as before). Without ORT's graph optimisations (``optimize=False``) both give the
     same bits; with them (the default, as before) they differ by the float32 rounding of ORT's fused
     vs unfused kernels at the cuts, which may flip an element's int8 rounding: on EfficientNet-Lite0
-    every layer's KL within 0.45 % and the same ranking, 2.6-3.4x faster (tests/quantize/test_precision.py)."""
+    every layer's KL within 0.45 % and the same ranking, 2.6-3.4x faster (tests/quantize/test_precision.py).
+    ``at_once``: samples per chunk (default ``memory_bound.samples_at_once``); the figures are the
+    same for any chunking, up to float summation order."""
     model = onnx.shape_inference.infer_shapes(name_nodes(fp32))
     targets = _layer_tensors(model)
     outputs = [o.name for o in model.graph.output]
-    samples = batched(model, samples)
-    ranges = _ranges(model, [t for _, t in targets], samples)
-    reference = _run(model, outputs, samples, optimize)
+    parts = chunks(model, samples, at_once)
+    ranges = _ranges(model, [t for _, t in targets], parts)
     macs = layer_macs(model)
     op = {n.name: n.op_type for n in model.graph.node}
     has_subgraphs = any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
                         for n in model.graph.node for a in n.attribute)
-    if whole or has_subgraphs:                      # (a subgraph's outer-scope reads: run it whole)
-        variants = ((k, _run(_fake_quant(model, t, *ranges[t]), outputs, samples, optimize))
-                    for k, (_, t) in enumerate(targets))
-    else:
-        variants = _Pieces(model, samples, reference, optimize).variants([t for _, t in targets], ranges)
-    found = {}
-    for i, (k, got) in enumerate(variants):
-        if progress:
-            progress(i, len(targets), targets[k][0])
-        found[k] = _compare(reference, got)
-    return [LayerSensitivity(name, op[name], tensor, int(macs.get(name, 0)), *found[k])
+    errors = [_Error() for _ in targets]
+    for c, part in enumerate(parts):
+        part = batched(model, part)
+        reference = _run(model, outputs, part, optimize)
+        if whole or has_subgraphs:                  # (a subgraph's outer-scope reads: run it whole)
+            variants = ((k, _run(_fake_quant(model, t, *ranges[t]), outputs, part, optimize))
+                        for k, (_, t) in enumerate(targets))
+        else:
+            variants = _Pieces(model, part, reference, optimize).variants([t for _, t in targets], ranges)
+        for i, (k, got) in enumerate(variants):
+            if progress:
+                progress(c * len(targets) + i, len(parts) * len(targets), targets[k][0])
+            errors[k].add(reference, got)
+    return [LayerSensitivity(name, op[name], tensor, int(macs.get(name, 0)), *errors[k].result())
             for k, (name, tensor) in enumerate(targets)]
+
+
+def chunks(model: onnx.ModelProto, samples: list[dict], at_once: int | None = None) -> list[list[dict]]:
+    """The samples in the fewest chunks of at most ``at_once`` (default: as many as memory allows,
+    ``memory_bound.samples_at_once``), evened out (61 at 6: six of 6, five of 5; not a last chunk
+    of one, whose Gemm ORT computes with another kernel). Batch a chunk (``batched``) only when
+    it is run: a batch is a copy of its samples' inputs."""
+    from .memory_bound import samples_at_once
+    n = len(samples)
+    parts = -(-n // (at_once or samples_at_once(model, n))) if n else 1
+    cuts = [n * k // parts for k in range(parts + 1)]
+    return [samples[a:b] for a, b in zip(cuts, cuts[1:])]
 
 
 class _Pieces:
@@ -249,16 +269,32 @@ def _layer_tensors(model: onnx.ModelProto) -> list[tuple[str, str]]:
     return out
 
 
-def _ranges(model, tensors, samples) -> dict:
-    """tensor -> (min, max) over the samples (the model run as written, tensors exposed)."""
-    sess = probe_session(model, tensors)
+def _ranges(model, tensors, parts) -> dict:
+    """tensor -> (min, max) over every sample, the chunks of samples (``chunks``) in turn (the
+    model run as written, each tensor reduced to its min and max in the graph: a chunk's tensors
+    are not all fetched at once)."""
+    sess = probe_session(_with_extrema(model, tensors))
+    names = [f"{t}__sens_{x}" for t in tensors for x in ("min", "max")]
     lo = {t: np.inf for t in tensors}
     hi = {t: -np.inf for t in tensors}
-    for s in samples:
-        for t, v in zip(tensors, sess.run(tensors, s)):
-            lo[t] = min(lo[t], float(np.min(v)))
-            hi[t] = max(hi[t], float(np.max(v)))
+    for part in parts:
+        for s in batched(model, part):
+            got = iter(sess.run(names, s))
+            for t in tensors:
+                lo[t] = min(lo[t], float(next(got)))
+                hi[t] = max(hi[t], float(next(got)))
     return {t: (lo[t], hi[t]) for t in tensors}
+
+
+def _with_extrema(model: onnx.ModelProto, tensors) -> onnx.ModelProto:
+    """``model`` with each of ``tensors``' min and max (ReduceMin / ReduceMax over every axis) as outputs."""
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    for t in tensors:
+        for op, x in (("ReduceMin", "min"), ("ReduceMax", "max")):
+            m.graph.node.append(helper.make_node(op, [t], [f"{t}__sens_{x}"], keepdims=0))
+            m.graph.output.append(helper.make_tensor_value_info(f"{t}__sens_{x}", onnx.TensorProto.FLOAT, []))
+    return m
 
 
 def _run(model, outputs, samples, optimize: bool = True) -> list:
@@ -321,27 +357,43 @@ def _fake_quant_output(m, tensor, s_name, z_name, q_name, dq_name):
     return m
 
 
-def _compare(reference, got) -> tuple[float, float]:
-    """(mean softmax KL over samples and rows of the first output, SQNR dB over all outputs)."""
-    kls, sig, err = [], 0.0, 0.0
-    for ref, out in zip(reference, got):
-        for r, o in zip(ref, out):
-            r64, o64 = np.asarray(r, np.float64), np.asarray(o, np.float64)
-            sig += float(np.sum(r64 ** 2))
-            err += float(np.sum((r64 - o64) ** 2))
-        r, o = (np.asarray(v[0], np.float64).reshape(-1, np.shape(v[0])[-1]) for v in (ref, out))
-        kls.append(softmax_kl(r, o))
-    sqnr = 10 * np.log10(sig / err) if err > 0 else float("inf")
-    return float(np.mean(kls)), float(sqnr)
+class _Error:
+    """A layer's running sums over the chunks: KL summed over the rows of the first output (the
+    mean over every row of every sample at the end), and the SQNR's signal and noise energies
+    over all outputs."""
+
+    def __init__(self):
+        self.kl, self.rows, self.signal, self.noise = 0.0, 0, 0.0, 0.0
+
+    def add(self, reference, got) -> None:
+        """One chunk: ``reference`` / ``got`` the outputs per sample batch."""
+        for ref, out in zip(reference, got):
+            for r, o in zip(ref, out):
+                r64, o64 = np.asarray(r, np.float64), np.asarray(o, np.float64)
+                self.signal += float(np.sum(r64 ** 2))
+                self.noise += float(np.sum((r64 - o64) ** 2))
+            r, o = (np.asarray(v[0], np.float64).reshape(-1, np.shape(v[0])[-1]) for v in (ref, out))
+            self.kl += float(np.sum(softmax_kl_rows(r, o)))
+            self.rows += len(r)
+
+    def result(self) -> tuple[float, float]:
+        """(mean softmax KL over every row, SQNR dB over all outputs)."""
+        sqnr = 10 * np.log10(self.signal / self.noise) if self.noise > 0 else float("inf")
+        return self.kl / self.rows, float(sqnr)
 
 
 def softmax_kl(ref_logits: np.ndarray, logits: np.ndarray) -> float:
     """Mean over rows of KL(softmax(ref) || softmax(other)), nats."""
+    return float(np.mean(softmax_kl_rows(ref_logits, logits)))
+
+
+def softmax_kl_rows(ref_logits: np.ndarray, logits: np.ndarray) -> np.ndarray:
+    """KL(softmax(ref) || softmax(other)) of each row, nats."""
     def log_softmax(z):
         z = z - z.max(axis=-1, keepdims=True)
         return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
     lp, lq = log_softmax(ref_logits), log_softmax(logits)
-    return float(np.mean(np.sum(np.exp(lp) * (lp - lq), axis=-1)))
+    return np.sum(np.exp(lp) * (lp - lq), axis=-1)
 
 
 def layer_macs(model: onnx.ModelProto) -> dict[str, int]:
