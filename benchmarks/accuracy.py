@@ -46,9 +46,10 @@ PATHS = ("fp32", "int8_ort", "int8_nss")
 
 def measure(name: str, entry: dict, args) -> dict:
     from torq.evaluate import EvalOptions, evaluate
+    from torq.quantize.recipe import RECOMMENDED
     from torq.quantize.recipe_flags import given, load_recipe, with_flags
     dataset = args.imagenet_dir if name in IMAGENET_ROWS and args.imagenet_dir else entry["dataset"]
-    recipe = load_recipe(args.recipe).replace(preprocess=entry["preprocess"], calibration_data=entry["calibration"])
+    recipe = load_recipe(args.recipe or RECOMMENDED).replace(preprocess=entry["preprocess"], calibration_data=entry["calibration"])
     recipe, why = with_flags(recipe, given(args), data_elsewhere=True)
     if why:
         print(f"{name}: note: {why}", file=sys.stderr)

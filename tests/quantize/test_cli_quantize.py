@@ -42,9 +42,9 @@ def test_quantize_default_output_and_summary(tmp_path):
 
 
 def test_quantize_qoperator_with_dataset_and_output(tmp_path):
-    """The default recipe (gptq) in QOperator; mixed precision has no QOperator form: `--recipe mixed`
-    with --quant-format qoperator is gptq (one note, every layer int8); an explicit --precision auto
-    there is refused."""
+    """The default recipe (mixed) in QOperator is gptq without a word (mixed precision has no QOperator
+    form); an explicit `--recipe mixed` with --quant-format qoperator is gptq with one note (every
+    layer int8); an explicit --precision auto there is refused."""
     build_example_cnn(tmp_path / "net.onnx")
     np.savez(tmp_path / "c.npz", input=np.random.default_rng(0).uniform(-1, 1, (4, 3, 32, 32)))
     args = ("-m", tmp_path / "net.onnx", "-o", tmp_path / "o" / "q.onnx", "--quant-format", "QOperator",

@@ -16,7 +16,7 @@ from torq.quantize.recipe_flags import recipe_from_args
 def test_every_command_starts_from_the_recommended_recipe(command):
     argv = [command, "--model", "m.onnx"] + (["--dataset", "d"] if command == "evaluate" else [])
     args = build_parser().parse_args(argv + ["--calibration-data", "c.npz"])
-    assert args.recipe == RECOMMENDED
+    assert args.recipe is None          # not given: the recommended recipe
     assert recipe_from_args(args) == preset("recommended").replace(calibration_data="c.npz") \
         == preset(RECOMMENDED).replace(calibration_data="c.npz")
 
@@ -31,13 +31,13 @@ def test_benchmark_accuracy_default_is_the_same(monkeypatch):
 
 
 def test_mixed_is_all_int8_where_auto_cannot_apply(capsys):
-    """The mixed recipe (the default is still gptq: recipe.RECOMMENDED says why); where its int16 layers cannot apply it is gptq
+    """The mixed recipe (the default); where its int16 layers cannot apply it is gptq
     (every layer int8, nothing else changed) with a note: --quant-format qoperator (no QOperator
     int16), --quant-dtype A16W8 (int16 already), no calibration data (synthetic samples). An
     explicit --precision auto is kept: with qoperator a one-line error."""
     from torq.errors import TorqError
     from torq.quantize.recipe_flags import with_flags
-    assert RECOMMENDED == "gptq" and ("*", "auto") in preset("mixed").precision
+    assert RECOMMENDED == "mixed" and ("*", "auto") in preset("mixed").precision
     mixed, gptq = preset("mixed"), preset("gptq")
     data = {"calibration_data": "c.npz"}
     assert with_flags(mixed, data) == (mixed.replace(**data), None)

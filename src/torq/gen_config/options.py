@@ -102,7 +102,7 @@ def note_inert_flags(args, prog: str = "torq-gen-config") -> None:
 
 def quant_settings(args) -> QuantSettings:
     recipe = recipe_from_args(args, note=args.quantize)
-    flags = quantizer_flags_given(args) + (["--recipe"] if args.recipe != RECOMMENDED else [])
+    flags = quantizer_flags_given(args) + (["--recipe"] if args.recipe not in (None, RECOMMENDED) else [])
     if flags and not args.quantize:
         raise TorqError(f"{flags[0]}: quantization flags need --quantize (without it only the fp32 front end applies: "
                         "--fold, --dead-channels)")

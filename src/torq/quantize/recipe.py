@@ -196,15 +196,14 @@ PRESETS: dict[str, Recipe] = {
 #: ``recommended`` alias: chosen on the tuning half of the evaluation images, reported on the other
 #: half (docs/recipes.md). Session 3 (top-1 rule, candidates exact / gptq / cle on EfficientNet-
 #: Lite0/1/2) chose gptq. Sessions 4-5 (``benchmarks/recipe_choice.py --criterion kl``: gptq and gptq
-#: with an int16 MAC cap of 2.5 / 5 / 10 %) chose the 5 % cap, the ``mixed`` preset; it is not the
-#: default (yet) because its int16 layers, which ORT runs in float32, are only bounded against ORT
-#: layer by layer: on deep-sort MobileNetV2 they add up to 13 LSB at the output, beyond ``run``'s
-#: whole-model tolerance (gptq: 0 LSB); its sensitivity pass held every tensor of the calibration
-#: batch (DenseNet-121 needed --num-calib <= 77) until session 6 made it stream (docs/mixed-precision.md).
-#: docs/recipes.md has the figures.
+#: with an int16 MAC cap of 2.5 / 5 / 10 %) chose the 5 % cap, the ``mixed`` preset. Its int16
+#: layers run in float32 in ORT, so they are bounded against ORT layer by layer, not bit-exact:
+#: ``run`` judges such a model layer by layer (gen_config/layer_judgment.py) and the sensitivity
+#: pass streams its samples (session 6), the two reasons session 5 kept gptq. Without calibration
+#: data, in QOperator or A16W8, ``mixed`` is gptq (recipe_flags.with_flags).
 #: ``Recipe()`` itself is ORT's quantize_static defaults behind the front end: the base presets
 #: change, and the defaults of the Python ``quantize()`` (which keeps ORT's keyword vocabulary).
-RECOMMENDED = "gptq"
+RECOMMENDED = "mixed"
 
 
 def preset(name: str) -> Recipe:

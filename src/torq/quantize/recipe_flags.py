@@ -90,13 +90,13 @@ def add_recipe_arguments(parser: argparse.ArgumentParser, title: str | None = No
     """Add ``--recipe`` and one flag per Recipe field to ``parser`` (as one argument group)."""
     g = parser.add_argument_group(title or "quantization recipe (the same flags on quantize, discover, run, evaluate)")
     names = ", ".join([*PRESETS, "recommended"])
-    g.add_argument("--recipe", default=RECOMMENDED, metavar="NAME|FILE.json", help=(
+    g.add_argument("--recipe", default=None, metavar="NAME|FILE.json", help=(
         f"start from a named recipe ({names}) or a recipe JSON file; the flags below change single "
-        f"fields (default: recommended = {RECOMMENDED}, the same on every command: every layer int8, exact "
-        "scales, GPTQ weight rounding, per-channel, int8 graph I/O; mixed = gptq + int16 activations on the "
-        "layers int8 hurts most (measured on the calibration data, at most 5 %% of the MACs, never a graph "
-        "output; without --calibration-data, with --quant-format qoperator or --quant-dtype A16W8 every "
-        "layer int8); docs/recipes.md says what each costs and gains)"))
+        f"fields (default: recommended = {RECOMMENDED}, the same on every command: mixed = gptq + int16 "
+        "activations on the layers int8 hurts most, measured on the calibration data, at most 5 %% of the "
+        "MACs, never a graph output; without --calibration-data, with --quant-format qoperator or "
+        "--quant-dtype A16W8 it is gptq: every layer int8, exact scales, GPTQ weight rounding, per-channel, "
+        "int8 graph I/O, bit-exact with ONNX Runtime; docs/recipes.md says what each costs and gains)"))
     for name, (flags, kw) in FLAGS.items():
         g.add_argument(*flags, dest=_dest(name), default=None, **kw)
     g.add_argument("--per-tensor", dest=_dest("per_channel"), action="store_false",
@@ -132,12 +132,14 @@ def recipe_from_args(args, data_elsewhere: bool = False, note: bool = True, note
     """``--recipe`` with every explicitly given flag applied; bad values are one-line errors. A
     precision ``auto`` the recipe brought (not ``--precision``) that cannot apply is dropped
     (``with_flags``): because of a flag (qoperator, A16W8), one timestamped note line on stderr
-    (``note``, ``say_note``); for lack of data,
+    when ``--recipe`` was given (``note``, ``say_note``; the default says nothing); for lack of data,
     nothing on stderr (the recipe the command reports says it). ``notes``: both reasons appended
     there instead. ``data_elsewhere``: the command calibrates on data of its own without
     ``--calibration-data`` (evaluate: held-apart dataset images)."""
-    base = load_recipe(getattr(args, "recipe", None) or RECOMMENDED)
-    recipe, why = with_flags(base, given(args), data_elsewhere)
+    chosen = getattr(args, "recipe", None)
+    recipe, why = with_flags(load_recipe(chosen or RECOMMENDED), given(args), data_elsewhere)
+    if why and not chosen and not why.startswith(NO_DATA):
+        why = None                               # the default's int16 off because of a flag: no news
     if why and notes is not None:
         notes.append(why)
     elif why and note and not why.startswith(NO_DATA):
