@@ -116,7 +116,7 @@ def per_channel_multipliers(scales) -> tuple[np.ndarray, int]:
 
 
 
-def conv_rescale(dq_scale, ys) -> tuple[np.ndarray, int]:
+def conv_rescale(dq_scale, ys, float_path: bool = False) -> tuple[np.ndarray, int]:
     """(int64 multiplier per output channel, shared shift) of a Conv / FC / MatMul rescale.
 
     The reference compiler takes ``scaleFactor = inputScale / outputScale`` where ``inputScale``
@@ -125,26 +125,36 @@ def conv_rescale(dq_scale, ys) -> tuple[np.ndarray, int]:
     the division is done in double from the float32 values. Per-tensor scales give a 1-element
     vector.
     """
-    return per_channel_multipliers(_rescale_scales(dq_scale, ys))
+    return per_channel_multipliers(_rescale_scales(dq_scale, ys, float_path))
 
 
-def _rescale_scales(dq_scale, ys) -> np.ndarray:
+def _rescale_scales(dq_scale, ys, float_path: bool = False) -> np.ndarray:
     """The real rescale per channel: ORT's float32 ``fl32(dq / ys)`` where it is an exact dyadic
     (``exact_dyadic``: ORT's float32 products are then exact and an int32 multiplier holds the
     same value, so the NPU computes what ORT computes), else the reference compiler's double
-    quotient of the float32 values."""
+    quotient of the float32 values. ``float_path``: ORT runs the op in float (int16 activations
+    in or out, ``numerics.int16``): it never forms ``fl32(dq / ys)``, it approximates the exact
+    ``acc·dq/ys``, so the double quotient is the scale for every channel."""
     from .ort import ort_requant_scale          # ort imports this module: resolved at call time
     dq = np.asarray(dq_scale, dtype=_F32).astype(_F64).reshape(-1)
     quotient = dq / _F64(_F32(ys))
+    if float_path:
+        return quotient
     s32 = ort_requant_scale(dq_scale, ys).reshape(-1)
     return np.where(exact_dyadic(s32), s32.astype(_F64), quotient)
 
 
-def rescale_ties_even(dq_scale, ys) -> bool:
+def rescale_ties_even(dq_scale, ys, float_path: bool = False) -> bool:
     """The ACT mode of a Conv / FC / MatMul rescale: NTE (round half to even) when a channel's
     ORT requant scale is an exact dyadic — its rescale then has real x.5 ties, which ORT rounds
-    to even; the other channels' ~30-bit multipliers of inexact scales practically never tie."""
+    to even; the other channels' ~30-bit multipliers of inexact scales practically never tie.
+    ``float_path`` (int16 activations): the scale is the exact ``dq/ys`` (``_rescale_scales``),
+    and it has real ties only where that rational is itself a dyadic on the grid."""
     from .ort import ort_requant_scale
+    if float_path:
+        grid = 1 << EXACT_GRID_BITS
+        return any((Fraction(float(d)) / Fraction(float(_F32(ys))) * grid).denominator == 1
+                   for d in np.asarray(dq_scale, _F32).reshape(-1) if d > 0)
     return bool(np.any(exact_dyadic(ort_requant_scale(dq_scale, ys))))
 
 
@@ -162,7 +172,8 @@ def exact_dyadic(scale) -> np.ndarray:
     return (s > 0) & (scaled == np.floor(scaled))
 
 
-def conv_rescale_constant_channels(dq_scale, ys, bias, constant, out_zp, out_min, out_max):
+def conv_rescale_constant_channels(dq_scale, ys, bias, constant, out_zp, out_min, out_max,
+                                   float_path: bool = False):
     """``conv_rescale`` for constant weights, where some output channels (``constant``, a mask)
     have all-zero weights: their accumulator is their bias, their output a constant.
 
@@ -178,7 +189,7 @@ def conv_rescale_constant_channels(dq_scale, ys, bias, constant, out_zp, out_min
 
     Returns ``(multipliers, shift, bias, dq_scale)``, the last two changed (copies) where k > 0.
     """
-    scales, bias_in = _rescale_scales(dq_scale, ys), bias
+    scales, bias_in = _rescale_scales(dq_scale, ys, float_path), bias
     mask = np.asarray(constant, bool).reshape(-1)
     if len(scales) < 2 or mask.all() or not mask.any():       # per-tensor: one scale, no outlier
         return (*per_channel_multipliers(scales), bias, dq_scale)

@@ -344,7 +344,8 @@ def rescale(dq_scale, ys, w_adj, bias, q, wide: bool = False):
     range): all-zero weights, or BatchNorm "dust" whose per-channel scale stretched 1e-8 weights
     to ±127. Their weights become 0 (the output does not change), so they neither set the shared
     shift nor cost live channels multiplier bits. ``wide``: the input is int16 (its whole range
-    decides what is constant)."""
+    decides what is constant). With int16 in or out (``float_path``) ORT runs the layer in float:
+    the live channels' scale is the exact ``dq/ys`` (``numerics.conv_rescale``)."""
     w2 = np.asarray(w_adj, np.int64).reshape(len(bias), -1)
     b = np.asarray(bias, np.int64)
     hi, lo = (32767, -32768) if wide else (127, -128)
@@ -355,5 +356,10 @@ def rescale(dq_scale, ys, w_adj, bias, q, wide: bool = False):
     if const.any() and w2[const].any():
         w_adj = np.array(w_adj, copy=True)
         w_adj.reshape(len(bias), -1)[const] = 0
-    return (*numerics.conv_rescale_constant_channels(dq_scale, ys, bias, const, int(q.zp), int(q.lo), int(q.hi)),
-            w_adj)
+    return (*numerics.conv_rescale_constant_channels(dq_scale, ys, bias, const, int(q.zp), int(q.lo), int(q.hi),
+                                                     float_path=float_path(wide, q)), w_adj)
+
+
+def float_path(wide: bool, q) -> bool:
+    """ORT runs the layer DQ -> float op -> Q (no integer kernel): int16 input (``wide``) or output."""
+    return bool(wide) or np.dtype(q.out_dtype) == np.int16

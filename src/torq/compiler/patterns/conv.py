@@ -25,7 +25,7 @@ import numpy as np
 from ... import numerics
 from .. import linalg_view as L
 from .. import recognise as R
-from .common import (Ctx, Fail, Root, activation_dtype, bias_to_accumulator, constant, emit, folded_bias,
+from .common import (Ctx, Fail, Root, activation_dtype, bias_to_accumulator, constant, emit, float_path, folded_bias,
                      pad_constant, rescale, scalar, strip_pad)
 
 
@@ -241,8 +241,9 @@ class QConv2D:
         ip = ir.InsertionPoint(root.op)
         loc = m.conv.location
         dq_scale = m.dq_scale
+        floating = float_path(L.np_dtype(m.x.type) is np.int16, root.q)
         if m.w_value is not None:
-            mults, shift = numerics.conv_rescale(m.dq_scale, ys)
+            mults, shift = numerics.conv_rescale(m.dq_scale, ys, floating)
             weights, sb = _dynamic_weights(m, mults, loc, ip)
         else:
             w_adj = m.w - m.w_zp                                       # seed §4.3.1
@@ -257,7 +258,8 @@ class QConv2D:
             sb = constant(scale_bias, "i32", loc, ip)
         attrs = dict(input_zp=m.in_zp, weight_zp=0, output_zp=int(root.q.zp), output_min=root.q.lo,
                      output_max=root.q.hi, shift_factor=shift, groups=m.groups, pad=m.pad,
-                     stride=m.stride, dilation=m.dilation, round_ties_even=int(numerics.rescale_ties_even(m.dq_scale, ys)),
+                     stride=m.stride, dilation=m.dilation,
+                     round_ties_even=int(numerics.rescale_ties_even(m.dq_scale, ys, floating)),
                      ort_dq_scale=dq_scale, ort_output_scale=[ys])
         return emit(m.op_name, root, [weights, sb, m.x], attrs, m.conv)
 

@@ -17,8 +17,8 @@ from ... import numerics
 from .. import linalg_view as L
 from .. import recognise as R
 from .. import torq_hl
-from .common import (Ctx, Fail, Root, activation_dtype, bias_to_accumulator, constant, emit, empty, folded_bias,
-                     rescale, scalar)
+from .common import (Ctx, Fail, Root, activation_dtype, bias_to_accumulator, constant, emit, empty, float_path,
+                     folded_bias, rescale, scalar)
 
 
 @dataclass
@@ -173,7 +173,8 @@ class QFullyConnected:
         weights = constant(w_adj, "i16" if m.w_zp != 0 else "i8", loc, ip)
         sb = constant(np.stack([bias, mults], axis=1).reshape(-1), "i32", loc, ip)
         attrs = dict(input_zp=m.in_zp, weight_zp=0, output_zp=int(root.q.zp), output_min=root.q.lo,
-                     output_max=root.q.hi, shift_factor=shift, round_ties_even=int(numerics.rescale_ties_even(m.dq_scale, ys)),
+                     output_max=root.q.hi, shift_factor=shift, round_ties_even=int(numerics.rescale_ties_even(
+                         m.dq_scale, ys, float_path(L.np_dtype(m.x.type) is np.int16, root.q))),
                      ort_dq_scale=dq_scale, ort_output_scale=[ys])
         if len(L.shape_of(m.x)) == 2:
             return emit("fully_connected", root, [weights, sb, m.x], attrs, m.mm)
