@@ -149,10 +149,10 @@ def main() -> None:
     chosen = {"all": set(writers + readers), "writers": set(writers), "readers": set(readers)}
     tally = {k: [0, 0, 0, 0] for k in chosen}      # agree with ORT, agree with NSS, logits vs ORT, vs NSS
     n = min(args.limit, len(data))
-    nss_ort = 0
+    nss_ort, full = 0, reference.session(q)
     for i in range(n):
         xq = image(i)
-        ort_out = np.asarray(reference.run(q, {name: xq})[out_name]).reshape(-1)
+        ort_out = np.asarray(reference.run(q, {name: xq}, sess=full)[out_name]).reshape(-1)
         nss_out = np.asarray(sim.run(program.feed({name: xq}), "native")[0]).reshape(-1)
         nss_ort += int(ort_out.argmax() == nss_out.argmax())
         for key, steps in chosen.items():
