@@ -138,8 +138,8 @@ def main() -> None:
                     got = seen[program.steps[s].out]
                     counts[kind, mode] += int(np.count_nonzero(got != force[program.steps[s].out].reshape(got.shape)))
                     sizes[kind] += got.size if mode == "native" else 0
-    n_ops = max(1, min(args.ops, len(data)))
-    for kind in ("writers", "readers"):
+    n_ops = min(args.ops, len(data))
+    for kind in ("writers", "readers") if n_ops else ():
         print(f"ops: {kind}, each fed ORT's inputs: " + ", ".join(
             f"{mode} {counts[kind, mode] / n_ops:.1f} differing outputs per image "
             f"({counts[kind, mode] / max(sizes[kind], 1):.1e})" for mode in ("native", "ort")))
