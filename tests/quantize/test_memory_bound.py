@@ -98,3 +98,17 @@ def test_auto_is_refused_when_the_inputs_do_not_fit(capsys, tmp_path, monkeypatc
     inputs, per_sample = memory_bound.sample_bytes(onnx.load(tmp_path / "m.onnx"))
     fits = ((3 << 20) - (per_sample - inputs)) // inputs
     assert f"--num-calib {fits} or fewer" in err and "of 32.0 KiB each" in err and not (tmp_path / "q.onnx").exists(), err
+
+
+def test_tensors_behind_computed_pads_are_counted():
+    """A Pad whose pads are computed (as an unfolded EfficientNet-Lite exports them) leaves ONNX's
+    shape inference without sizes behind it; ORT's symbolic inference follows the arithmetic."""
+    half = numpy_helper.from_array(np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64), "half")
+    w = numpy_helper.from_array(np.ones((CH, CH, 1, 1), np.float32), "w")
+    nodes = [helper.make_node("Add", ["half", "half"], ["pads"]),              # 2 on each side
+             helper.make_node("Pad", ["x", "pads"], ["p"]), helper.make_node("Conv", ["p", "w"], ["y"])]
+    g = helper.make_graph(nodes, "pad", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, CH, SIDE, SIDE])],
+                          [helper.make_empty_tensor_value_info("y")], [half, w])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    padded = CH * (SIDE + 4) ** 2 * 4
+    assert memory_bound.sample_bytes(m) == (CH * SIDE * SIDE * 4, CH * SIDE * SIDE * 4 + 2 * padded + 8 * 8)

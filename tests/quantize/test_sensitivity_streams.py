@@ -97,3 +97,19 @@ def test_the_default_chunk_is_what_memory_allows(case, monkeypatch):
     monkeypatch.setattr(memory_bound, "available_bytes", lambda: 1 << 40)
     monkeypatch.setattr(memory_bound, "CHUNK_BYTES", 1 << 40)
     assert memory_bound.samples_at_once(m, N) == N
+
+
+@pytest.mark.parametrize("opset", [17, 18])          # ReduceMin/Max take their axes as an input from 18
+def test_ranges_reduced_in_the_graph_are_numpys(opset):
+    """``_ranges`` reduces each tensor in ORT's graph, chunk by chunk: the same min and max as the
+    tensors fetched and reduced by numpy over every sample."""
+    from torq.quantize.calibration import probe_session
+    m = onnx.ModelProto()
+    m.CopyFrom(_dynamic_batch(build_example_cnn()))
+    m.opset_import[0].version = opset
+    samples = samples_of(SyntheticDataReader(m, 5))
+    tensors = [t for _, t in sensitivity._layer_tensors(m)]
+    got = sensitivity._ranges(m, tensors, sensitivity.chunks(m, samples, 2))
+    values = [probe_session(m, tensors).run(tensors, s) for s in samples]
+    assert got == {t: (min(float(v[i].min()) for v in values), max(float(v[i].max()) for v in values))
+                   for i, t in enumerate(tensors)}

@@ -89,8 +89,8 @@ def _measure(fp32: onnx.ModelProto, samples: list[dict], progress=None, whole: b
     same bits; with them (the default, as before) they differ by the float32 rounding of ORT's fused
     vs unfused kernels at the cuts, which may flip an element's int8 rounding: on EfficientNet-Lite0
     every layer's KL within 0.45 % and the same ranking, 2.6-3.4x faster (tests/quantize/test_precision.py).
-    ``at_once``: samples per chunk (default ``memory_bound.samples_at_once``); the figures are the
-    same for any chunking, up to float summation order."""
+    ``at_once``: samples per chunk (``chunks``); the figures are the same for any chunking, up to
+    float summation order (and ORT's one-row Gemm kernel for a chunk of one sample)."""
     model = onnx.shape_inference.infer_shapes(name_nodes(fp32))
     targets = _layer_tensors(model)
     outputs = [o.name for o in model.graph.output]
