@@ -115,7 +115,6 @@ def per_channel_multipliers(scales) -> tuple[np.ndarray, int]:
     return np.array([mult[v] for v in vals], dtype=np.int64), shift
 
 
-
 def conv_rescale(dq_scale, ys, float_path: bool = False) -> tuple[np.ndarray, int]:
     """(int64 multiplier per output channel, shared shift) of a Conv / FC / MatMul rescale.
 
@@ -132,9 +131,8 @@ def _rescale_scales(dq_scale, ys, float_path: bool = False) -> np.ndarray:
     """The real rescale per channel: ORT's float32 ``fl32(dq / ys)`` where it is an exact dyadic
     (``exact_dyadic``: ORT's float32 products are then exact and an int32 multiplier holds the
     same value, so the NPU computes what ORT computes), else the reference compiler's double
-    quotient of the float32 values. ``float_path``: ORT runs the op in float (int16 activations
-    in or out, ``numerics.int16``): it never forms ``fl32(dq / ys)``, it approximates the exact
-    ``acc·dq/ys``, so the double quotient is the scale for every channel."""
+    quotient of the float32 values. ``float_path`` (int16 in or out: ORT runs the op in float and
+    never forms ``fl32(dq / ys)``): the double quotient for every channel."""
     from .ort import ort_requant_scale          # ort imports this module: resolved at call time
     dq = np.asarray(dq_scale, dtype=_F32).astype(_F64).reshape(-1)
     quotient = dq / _F64(_F32(ys))
