@@ -150,3 +150,25 @@ def test_quantize_discover_and_run_quantize_once(cache, tmp_path, monkeypatch, c
     assert main(["run", "--model", str(model), "--output-dir", str(out), "--quantize", *flags,
                  "--recompute-cache"]) == 0
     assert model_cache.stats["hits"] == 2 and model_cache.stats["writes"] == 2
+
+
+def test_precision_auto_measures_once(cache, tmp_path, monkeypatch):
+    """``--precision auto`` (the default ``mixed``) is cached whole: the second apply neither
+    measures sensitivity nor chooses, and gives the same model and the same resolved recipe; other
+    calibration samples miss."""
+    from torq.quantize import auto_precision
+    fp32 = build_example_cnn()
+    name, shape = fp32.graph.input[0].name, [d.dim_value for d in fp32.graph.input[0].type.tensor_type.shape.dim]
+
+    def data(seed):
+        path = tmp_path / f"calib{seed}.npz"
+        np.savez(path, **{name: np.random.default_rng(seed).uniform(-1, 1, (9, *shape[1:])).astype(np.float32)})
+        return str(path)
+    mixed = preset("mixed").replace(num_calib=9, int16_macs=40.0, calibration_data=data(1))
+    first = apply(mixed, fp32)
+    assert any(p == "int16" for _, p in first.recipe.precision), first.recipe.precision
+    monkeypatch.setattr(auto_precision, "choose", lambda *a, **k: pytest.fail("measured again"))
+    again = apply(mixed, fp32)
+    assert again.model.SerializeToString() == first.model.SerializeToString() and again.recipe == first.recipe
+    with pytest.raises(pytest.fail.Exception, match="measured again"):
+        apply(mixed.replace(calibration_data=data(2)), fp32)

@@ -238,38 +238,51 @@ def apply_auto(recipe, src: onnx.ModelProto, reader, *, where: str = "model", wr
     """``recipe.apply`` for ``--precision auto``: the calibration samples split (last third held
     apart), the recipe's fp32 transforms and ranges on the calibration part, the int16 layers
     chosen (``choose``), then the final model quantized with them on every calibration sample
-    and the choice stamped on it (``precision.stamp``). Returns a ``recipe.Quantized`` whose recipe names the chosen layers."""
+    and the choice stamped on it (``precision.stamp``). Returns a ``recipe.Quantized`` whose recipe
+    names the chosen layers. The whole resolution is cached like any quantization
+    (``model_cache``, keyed by the fp32 model, the auto recipe and the samples): ``quantize``,
+    ``discover`` and ``run`` of one model measure its sensitivity once."""
     from .calibration import ArrayDataReader
-    from .precision import int8_only_layers, name_nodes, stamp
-    from .recipe import Quantized, prepare, quantize_prepared
+    from .model_cache import cached
+    from .precision import name_nodes
+    from .recipe import Quantized, prepare, recipe_of
     calib, hold = split_holdout(samples_of(reader))
     base = recipe.replace(precision=tuple(p for p in recipe.precision if p[0] != "*"))
-    prepared = name_nodes(prepare(base, src, ArrayDataReader(calib), where))
+    # the final model's fp32 graph: on *every* calibration sample (the held-apart ones only judge
+    # the choice), so `quantize --recipe <resolved>.json` writes the same model
+    prepared = name_nodes(prepare(base, src, ArrayDataReader(calib + hold), where))
+    q = cached(recipe, src, reader, wrap_lone_ops, resolves=True, compute=lambda: _resolve(
+        recipe, base, src, prepared, calib, hold, where=where, wrap_lone_ops=wrap_lone_ops))
+    return Quantized(q, prepared, recipe_of(q))
+
+
+def _resolve(recipe, base, src, prepared, calib: list, hold: list, *, where: str, wrap_lone_ops: bool):
+    """The int16 layers chosen on ``calib`` / ``hold`` and the final model quantized with them
+    (on ``prepared``: every sample), the choice stamped on it."""
+    from ..progress import stage
+    from .calibration import ArrayDataReader
+    from .precision import int8_only_layers, name_nodes, stamp
+    from .recipe import prepare, quantize_prepared
+    measured = prepared if base.equalize == "off" and not base.bias_correction else \
+        name_nodes(prepare(base, src, ArrayDataReader(calib), where))   # CLE / bias correction: calibration part only
 
     def with_layers(chosen: dict):
         return base.replace(precision=tuple(sorted({**dict(base.precision), **chosen}.items())))
 
     def trial(chosen: dict):
-        return quantize_prepared(with_layers(chosen).replace(full_integer=False), prepared,
+        return quantize_prepared(with_layers(chosen).replace(full_integer=False), measured,
                                  ArrayDataReader(calib), where=where)
-    from ..progress import stage
     # full-integer I/O is int8 at the graph's edges (what the NPU's caller reads): a layer writing a
     # graph output stays int8 (an int16 output would change the model's output type; int16 then
     # requantized to int8 there only rounds twice); so does one read by an op with no int16 form
-    keep = int8_only_layers(prepared, recipe.full_integer)
+    keep = int8_only_layers(measured, recipe.full_integer)
     with stage(f"quantize: precision auto (per-layer sensitivity on {len(calib)} samples"
                + (")" if recipe.accuracy_budget == 0 else ", trial models)")):
-        result = choose(prepared, trial, calib, hold, recipe.accuracy_budget,
+        result = choose(measured, trial, calib, hold, recipe.accuracy_budget,
                         max_int16_share=recipe.int16_macs / 100, keep_int8=keep)
-    final = with_layers(result.precision)
-    # the final model is the resolved recipe applied as any recipe is, on *every* calibration
-    # sample (the held-apart ones only judged the choice): `quantize --recipe <resolved>.json`
-    # writes the same model, and with no layer promoted it is the base recipe's model.
-    every = calib + hold
-    if base.equalize != "off" or base.bias_correction:
-        prepared = name_nodes(prepare(base, src, ArrayDataReader(every)))
-    q = quantize_prepared(final, prepared, ArrayDataReader(every), where=where, wrap_lone_ops=wrap_lone_ops)
-    return Quantized(stamp(q, result.to_json()), prepared, final)
+    q = quantize_prepared(with_layers(result.precision), prepared, ArrayDataReader(calib + hold), where=where,
+                          wrap_lone_ops=wrap_lone_ops)
+    return stamp(q, result.to_json())
 
 
 def resolve_auto(recipe, model):

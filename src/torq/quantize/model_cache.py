@@ -3,7 +3,8 @@
 ``quantize``, ``discover --quantize`` and ``run --quantize`` of one model with one recipe and one
 calibration set each quantize the whole model, and with GPTQ weight rounding that is minutes
 (ResNet-18: ~300 s each). ``recipe.quantize_prepared`` -- the one function every whole-model int8
-model comes from -- looks here first. An entry is keyed by the sha256 of
+model comes from -- looks here first, and so does ``--precision auto``'s whole resolution
+(sensitivity, choice, final model: ``auto_precision.apply_auto``, keyed by the fp32 model itself). An entry is keyed by the sha256 of
 
 * the prepared fp32 model's bytes (the graph handed to ONNX Runtime, after the front end / CLE),
 * the recipe (every field), and ``wrap_lone_ops``,
@@ -173,9 +174,10 @@ def evict(limit: int) -> None:
             total -= size
 
 
-def cached(recipe, prepared, reader, wrap_lone_ops: bool, compute):
+def cached(recipe, prepared, reader, wrap_lone_ops: bool, compute, resolves: bool = False):
     """``compute()`` (the whole-model quantization of ``prepared`` with ``reader``), or the model a
-    previous identical call stored."""
+    previous identical call stored. ``resolves``: ``recipe`` measures part of itself
+    (``--precision auto``), so the model is stamped with the recipe it resolved to, not ``recipe``."""
     if not enabled():
         return compute()
     try:
@@ -188,7 +190,7 @@ def cached(recipe, prepared, reader, wrap_lone_ops: bool, compute):
     k = key(recipe, prepared_bytes, samples, wrap_lone_ops)
     del prepared_bytes
     if not _recompute.get():
-        model = get(k, recipe)
+        model = get(k, None if resolves else recipe)
         if model is not None:
             stats["hits"] += 1
             from ..progress import say
