@@ -99,13 +99,13 @@ def _judge_nss(model, feed: dict, ort: dict, opts, scales: dict) -> dict:
 
 def _within(outs: dict, ort: dict, tol: float, scales: dict) -> dict:
     """max |Δ| (LSB), differing and beyond-``tol`` element counts of ``outs`` against ORT's."""
+    from .run import lsb_distance
     mx, differ, beyond = 0.0, 0, 0
     for name, v in outs.items():
         r = ort.get(name)
         if r is None:
             continue
-        scale = 1.0 if np.issubdtype(r.dtype, np.integer) else scales.get(name, 1.0)
-        d = np.abs(np.asarray(v).astype(np.float64) - r.astype(np.float64)) / scale
+        d = lsb_distance(v, r, scales.get(name, 1.0))
         mx = max(mx, float(d.max(initial=0)))
         differ += int((np.rint(d) > 0).sum())
         beyond += int((d > tol).sum())

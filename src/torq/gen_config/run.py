@@ -212,8 +212,7 @@ def metrics(c, ours: dict, ref: dict, tol: float) -> dict:
     from .compare import dq_output_scales
     per_output, hist, top1, scales = {}, {}, [], dq_output_scales(c)
     for name, r in ref.items():
-        scale = scales.get(name, 1.0) if not np.issubdtype(r.dtype, np.integer) else 1.0
-        d = np.abs(ours[name].astype(np.float64) - r.astype(np.float64)) / scale
+        d = lsb_distance(ours[name], r, scales.get(name, 1.0))
         lsb = np.rint(d).astype(np.int64)
         per_output[name] = {"max_abs_lsb": float(d.max(initial=0)), "differing": int((lsb > 0).sum()),
                             "size": int(d.size)}
@@ -228,6 +227,12 @@ def metrics(c, ours: dict, ref: dict, tol: float) -> dict:
     if top1:
         out["top1_agreement"] = min(top1)
     return out
+
+
+def lsb_distance(ours, ref: np.ndarray, scale: float) -> np.ndarray:
+    """|ours − ref| in LSB: integer outputs as they are, float (dequantized) ones over ``scale``."""
+    d = np.abs(np.asarray(ours).astype(np.float64) - ref.astype(np.float64))
+    return d if np.issubdtype(ref.dtype, np.integer) else d / scale
 
 
 def _hkey(item):
