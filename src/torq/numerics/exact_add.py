@@ -25,7 +25,7 @@ from fractions import Fraction
 import numpy as np
 
 __all__ = ["add_ratios_ort", "add_exact_ratios", "add_grid_bits", "ADD_OPERAND_BOUND", "avgpool_exact_scale",
-           "mul_scale_exact", "MUL_GRID_BITS"]
+           "mul_scale_exact", "MUL_GRID_BITS", "float_add_exact"]
 
 ADD_OPERAND_BOUND = 255      # |a|, |b|, |zA|, |zB|, |zC| of int8 / uint8 operands
 _F32 = np.float32
@@ -55,6 +55,17 @@ def add_exact_ratios(sa, sb, sc) -> bool:
         return False
     g = max(Fraction(r).denominator.bit_length() - 1 for r in (ra, rb))
     return _partial_bound(ra, rb) * 2.0 ** g <= _FLOAT32_INT
+
+
+def float_add_exact(sa, sb, sc, bits: int = 17) -> bool:
+    """ORT's *float* Add of two dequantized tensors (the int16 path: DQ → Add → Q) is exact when
+    the three scales are powers of two and the operands' exponents are close enough that their sum
+    (``bits``-bit operands ``x - zp``) fits 24 bits: the quotient by ``sC`` is then exact too, and
+    ORT rounds the exact value half to even (``quantize.exact_int16`` makes such scales)."""
+    mant_exp = [math.frexp(float(_F32(s))) for s in (sa, sb, sc)]
+    if any(m != 0.5 for m, _ in mant_exp):
+        return False
+    return abs(mant_exp[0][1] - mant_exp[1][1]) + bits <= 24
 
 
 def avgpool_exact_scale(xs, count: int) -> np.float32 | None:

@@ -147,12 +147,13 @@ def rescale_ties_even(dq_scale, ys, float_path: bool = False) -> bool:
     ORT requant scale is an exact dyadic — its rescale then has real x.5 ties, which ORT rounds
     to even; the other channels' ~30-bit multipliers of inexact scales practically never tie.
     ``float_path`` (int16 activations): the scale is the exact ``dq/ys`` (``_rescale_scales``),
-    and it has real ties only where that rational is itself a dyadic on the grid."""
+    and it has real ties wherever that rational is a dyadic (``exact_int16``'s scales: ORT's
+    float arithmetic is then exact and rounds those ties to even)."""
     from .ort import ort_requant_scale
     if float_path:
-        grid = 1 << EXACT_GRID_BITS
-        return any((Fraction(float(d)) / Fraction(float(_F32(ys))) * grid).denominator == 1
-                   for d in np.asarray(dq_scale, _F32).reshape(-1) if d > 0)
+        dens = ((Fraction(float(d)) / Fraction(float(_F32(ys)))).denominator
+                for d in np.asarray(dq_scale, _F32).reshape(-1) if d > 0)
+        return any(den & (den - 1) == 0 for den in dens)
     return bool(np.any(exact_dyadic(ort_requant_scale(dq_scale, ys))))
 
 
@@ -371,14 +372,15 @@ def add_multipliers(sa, sb, sc) -> tuple[int, int, int]:
 
 
 def add_native_mults(a, b, za, zb, mA, mB, shift, zc, qmin, qmax, out_dtype=np.int64,
-                     ties_even: bool = False) -> np.ndarray:
+                     ties_even: bool = False, zp_after: bool = False) -> np.ndarray:
     """add_native with the multipliers and shift the compiler stored on the op:
     ``clamp((((a - za)*mA + (b - zb)*mB + r) >> shift) + zc)``, r = (1 << shift) >> 1;
     ``ties_even``: the ACT's NTE mode (exact ratios, ``add_exact_ratios``) on ``t + (zc << shift)``
-    (as ORT rounds ``... + zc``: an odd zero point flips the parity of a tie)."""
+    (as QLinearAdd rounds ``... + zc``: an odd zero point flips the parity of a tie), or on ``t``
+    alone with ``zp_after`` (QuantizeLinear rounds first, then adds zc: ORT's float int16 Add)."""
     a, b = np.asarray(a), np.asarray(b)
     si, zc, lo, hi = int(shift), int(zc), int(qmin), int(qmax)
-    if (a.shape == b.shape and a.dtype.kind in "iu" and b.dtype.kind in "iu" and a.dtype.itemsize <= 2
+    if (not (ties_even and zp_after) and a.shape == b.shape and a.dtype.kind in "iu" and b.dtype.kind in "iu" and a.dtype.itemsize <= 2
             and b.dtype.itemsize <= 2 and 0 <= si <= 62 and abs(int(mA)) <= INT32_MAX
             and abs(int(mB)) <= INT32_MAX and abs(int(za)) < (1 << 16) and abs(int(zb)) < (1 << 16)):
         out = np.empty(a.shape, dtype=out_dtype)      # |(a - za) * mA| < 2**48: no int64 overflow
@@ -389,8 +391,7 @@ def add_native_mults(a, b, za, zb, mA, mB, shift, zc, qmin, qmax, out_dtype=np.i
     b64 = b.astype(np.int64) - int(zb)
     t = np.array(a64 * mA + b64 * mB, dtype=np.int64)
     if ties_even and si > 0:
-        t += zc << si
-        t = nte_shift(t, si)
+        t = nte_shift(t, si) + zc if zp_after else nte_shift(t + (zc << si), si)
     else:
         t = ntp_shift(t, si)
         t += zc

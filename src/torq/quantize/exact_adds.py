@@ -36,16 +36,16 @@ _QOPS = {("QLinearConv", ""): {1: "conv", 6: "conv"}, ("QGemm", "com.microsoft")
          ("QLinearGlobalAveragePool", "com.microsoft"): {1: "gap"}}
 
 
-def exact_add_scales(m: onnx.ModelProto, is_layer) -> dict[str, np.float32]:
+def exact_add_scales(m: onnx.ModelProto, is_layer, keep=frozenset()) -> dict[str, np.float32]:
     """Move (in place) the activation scales of ``m``'s Adds to exact-ratio triples (module
     docstring). ``is_layer(node)``: does the weight pass re-exactify this Conv / Gemm / MatMul /
-    QLinearConv / QGemm (and re-quantize its bias when its input scale moves)? Returns the old
-    value of every scale initializer it changed, by name."""
+    QLinearConv / QGemm (and re-quantize its bias when its input scale moves)? ``keep``: scale
+    names that must not move. Returns the old value of every scale initializer it changed, by name."""
     g = m.graph
     inits, producer, consumers = graph_index(g)
     sites = [s for s in (_site(n, inits, producer, consumers) for n in g.node) if s is not None]
     site_nodes = {id(s[3]) for s in sites}
-    movable = _movable(g, inits, producer, consumers, site_nodes, is_layer)
+    movable = _movable(g, inits, producer, consumers, site_nodes, is_layer) - set(keep)
     moved: dict[str, np.float32] = {}
     frozen: set[str] = set()
     for i, (a, b, c, _, kind) in enumerate(sites):

@@ -27,10 +27,11 @@ _QOPS = {("QLinearConv", ""): (1, 6), ("QGemm", "com.microsoft"): (1, 7), ("QLin
          ("QLinearGlobalAveragePool", "com.microsoft"): (1,)}
 
 
-def exact_pool_scales(m: onnx.ModelProto, is_layer) -> dict[str, np.float32]:
+def exact_pool_scales(m: onnx.ModelProto, is_layer, keep=frozenset()) -> dict[str, np.float32]:
     """Round (in place) the shared scale of every windowed average pool with a power-of-two
     window to ``avgpool_exact_scale``; ``is_layer`` as in ``exact_adds.exact_add_scales``.
-    Returns the old value of every scale initializer it changed, by name."""
+    ``keep``: scale names that must not move. Returns the old value of every scale initializer it
+    changed, by name."""
     g = m.graph
     inits, producer, consumers = graph_index(g)
     moved: dict[str, np.float32] = {}
@@ -41,7 +42,7 @@ def exact_pool_scales(m: onnx.ModelProto, is_layer) -> dict[str, np.float32]:
         name, count = site
         old = _F32(numpy_helper.to_array(inits[name]).reshape(-1)[0])
         new = avgpool_exact_scale(old, count)
-        if new is None or new == old or name in moved or not _follows(name, g, inits, producer, consumers, is_layer):
+        if new is None or new == old or name in moved or name in keep or not _follows(name, g, inits, producer, consumers, is_layer):
             continue
         moved[name] = old
         inits[name].CopyFrom(numpy_helper.from_array(np.asarray(new, _F32).reshape(

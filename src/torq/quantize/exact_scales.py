@@ -71,14 +71,14 @@ def exact_weight_scale(xs, ws, ys) -> np.float32 | None:
 
 
 def exact_scales(qmodel: onnx.ModelProto, fp32: onnx.ModelProto | None = None, *,
-                 activations: bool = True) -> onnx.ModelProto:
+                 activations: bool = True, keep=frozenset()) -> onnx.ModelProto:
     """A copy of the quantized model with every matchable weight scale moved to an exact-dyadic
     requant scale (module docstring): QDQ ``DQ -> Conv/Gemm/MatMul -> Q`` and QOperator
     ``QLinearConv`` / ``QGemm`` (ORT computes their requant scale the same way, ``fl32(fl32(xs·ws)/ys)``).
     ``fp32``: the model that was quantized (its weights, by the quantizer's ``<name>_quantized``
     naming, are re-quantized instead of the int8 values). ``activations``: first move the activation
     scales of average pools and around each Add to values on which ORT's float arithmetic for them
-    is exact (``exact_pools``, ``exact_adds``)."""
+    is exact (``exact_pools``, ``exact_adds``), except the scales named in ``keep`` (``exact_int16``'s)."""
     m = onnx.ModelProto()
     m.CopyFrom(qmodel)
     g = m.graph
@@ -96,8 +96,8 @@ def exact_scales(qmodel: onnx.ModelProto, fp32: onnx.ModelProto | None = None, *
     moved: dict = {}
     if activations:
         is_layer = lambda n: layer(n) is not None      # noqa: E731
-        moved = exact_pool_scales(m, is_layer)
-        moved = {**exact_add_scales(m, is_layer), **moved}   # the Add pass never moves a pool's scale
+        moved = exact_pool_scales(m, is_layer, keep)
+        moved = {**exact_add_scales(m, is_layer, keep), **moved}   # the Add pass never moves a pool's scale
     for n in g.node:
         found = layer(n)
         if found is not None:

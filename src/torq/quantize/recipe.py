@@ -376,9 +376,11 @@ def quantize_prepared(recipe: Recipe, prepared: onnx.ModelProto, reader, *, wher
         raise TorqError(f"{where}: ONNX Runtime quantized nothing with --quant-format {recipe.format} "
                         f"(none of its ops has an int8 form in that format){hint}")
     if recipe.exact_scales:
+        from .exact_int16 import exact_int16_scales
         from .exact_scales import exact_scales
         with stage("quantize: exact scales"):
-            q = exact_scales(q, prepared)
+            q, fixed = exact_int16_scales(q, prepared)
+            q = exact_scales(q, prepared, keep=fixed)
     if recipe.weight_rounding == "gptq" and fmt == "qdq":
         from .weight_rounding import round_weights
         with stage("quantize: weight rounding (gptq)"):

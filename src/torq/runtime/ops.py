@@ -221,7 +221,8 @@ def _add(st, rtype):
         x, y = args
         if rounding == "native":
             out = numerics.add_native_mults(x, y, za, zb, ma, mb, a["shift_factor"], a["output_zp"],
-                                            a["output_min"], a["output_max"], out_dtype=rtype, ties_even=even)
+                                            a["output_min"], a["output_max"], out_dtype=rtype, ties_even=even,
+                                            zp_after=a["ort_kernel"] != "QLinearAdd")
         else:   # in ORT's own (possibly uint8) domain: its float constant depends on the zero points
             k = a["ort_zp_shift"]
             recipe = numerics.add_ort if a["ort_kernel"] == "QLinearAdd" else numerics.add_float_ort

@@ -77,7 +77,9 @@ class QAdd(QBinary):
         attrs = dict(input_zp=0, output_zp=int(root.q.zp), output_min=root.q.lo, output_max=root.q.hi,
                      shift_factor=shift, weights=[ma, mb], scale_bias=[-(za * ma + zb * mb), 1],
                      # exact ratios: ORT's QLinearAdd is exact, the ACT's NTE gives its integers
-                     round_ties_even=int(kernel == "QLinearAdd" and numerics.add_exact_ratios(sa, sb, sc)),
+                     # (int16: ORT's float Add is exact on dyadic scales, quantize.exact_int16)
+                     round_ties_even=int(numerics.add_exact_ratios(sa, sb, sc) if kernel == "QLinearAdd"
+                                         else wide and numerics.float_add_exact(sa, sb, sc)),
                      input_zps=[za, zb], ort_input_scales=[sa, sb], ort_output_scale=[sc],
                      ort_zp_shift=ctx.ort_zp_shift, ort_kernel=kernel)
         return emit("add", root, [a, b], attrs, op)
