@@ -24,7 +24,7 @@ INT16 = (("conv1", "int16"), ("dw2", "int16"), ("conv3", "int16"))
 
 
 def _model(c: int, hw: int, seed: int) -> onnx.ModelProto:
-    """x -> conv0 (int8) -> conv1 (1x1, int16 out) -> dw2 (3x3 depthwise, int16 in/out) ->
+    """x -> conv0 (int8, ReLU6) -> conv1 (1x1, int16 out, ReLU6) -> dw2 (3x3 depthwise, int16 in/out, ReLU6) ->
     conv3 (1x1, int16 in/out, also a graph output) -> add4 (conv3 + conv0: int16 + int8 -> int8)
     -> GAP -> fc (int8 logits)."""
     rng = np.random.default_rng(seed)
@@ -36,9 +36,13 @@ def _model(c: int, hw: int, seed: int) -> onnx.ModelProto:
         nodes.append(helper.make_node("Conv", [x, f"{name}_w", f"{name}_b"], [name], name=name, group=group,
                                       pads=[k // 2] * 4, kernel_shape=[k, k]))
         return name
-    nodes, inits = [], []
-    y0 = conv("conv0", "x", 3, c, 3)
-    y3 = conv("conv3", conv("dw2", conv("conv1", y0, c, 2 * c, 1), 2 * c, 2 * c, 3, group=2 * c), 2 * c, c, 1)
+    def relu6(x):
+        nodes.append(helper.make_node("Clip", [x, "zero", "six"], [f"{x}_relu6"], name=f"{x}_relu6"))
+        return f"{x}_relu6"
+    nodes, inits = [], [numpy_helper.from_array(np.float32(0), "zero"), numpy_helper.from_array(np.float32(6), "six")]
+    y0 = relu6(conv("conv0", "x", 3, c, 3))
+    y1 = relu6(conv("conv1", y0, c, 2 * c, 1))
+    y3 = conv("conv3", relu6(conv("dw2", y1, 2 * c, 2 * c, 3, group=2 * c)), 2 * c, c, 1)
     nodes += [helper.make_node("Add", [y3, y0], ["add4"], name="add4"),
               helper.make_node("GlobalAveragePool", ["add4"], ["gap"], name="gap"),
               helper.make_node("Flatten", ["gap"], ["flat"], name="flat"),

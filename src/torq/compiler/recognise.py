@@ -155,7 +155,8 @@ def _pred(node: Node) -> int | None:
 
 def as_clamp(g: Generic):
     """One-input elementwise generic computing min(max(x, lo), hi) in any of torch-mlir's spellings
-    (maximumf/minimumf, or select(cmpf(x, c), x, c) as Relu lowers) -> (lo, hi) floats, else None."""
+    (maximumf/minimumf, select(cmpf(x, c), x, c) as Relu lowers, or select(cmpf(x, c), c, x) as
+    a Clip with tensor bounds does) -> (lo, hi) floats, else None."""
     if len(g.var_inputs) != 1 or not g.parallel:
         return None
     lo, hi = -np.inf, np.inf
@@ -172,11 +173,16 @@ def as_clamp(g: Generic):
             cmp, a, b = t.args
             p = _pred(cmp)
             ca, cb = cmp.args
-            if not (_is_var(ca) and not _is_var(cb) and a == ca and not _is_var(b)
-                    and np.array_equal(np.asarray(b), np.asarray(cb))):
+            if not (_is_var(ca) and not _is_var(cb)):
                 return None
-            x, c = a, cb
-            kind = "max" if p in _CMP_MAX else "min" if p in _CMP_MIN else None
+            if a == ca and not _is_var(b) and np.array_equal(np.asarray(b), np.asarray(cb)):
+                x, c = a, cb          # x > c ? x : c
+                kind = "max" if p in _CMP_MAX else "min" if p in _CMP_MIN else None
+            elif b == ca and not _is_var(a) and np.array_equal(np.asarray(a), np.asarray(cb)):
+                x, c = b, cb          # x < c ? c : x
+                kind = "max" if p in _CMP_MIN else "min" if p in _CMP_MAX else None
+            else:
+                return None
         else:
             return None
         c = np.asarray(c).ravel()

@@ -57,15 +57,19 @@ def add_exact_ratios(sa, sb, sc) -> bool:
     return _partial_bound(ra, rb) * 2.0 ** g <= _FLOAT32_INT
 
 
-def float_add_exact(sa, sb, sc, bits: int = 17) -> bool:
+def float_add_exact(sa, sb, sc, bits_a: int = 16, bits_b: int = 16) -> bool:
     """ORT's *float* Add of two dequantized tensors (the int16 path: DQ → Add → Q) is exact when
-    the three scales are powers of two and the operands' exponents are close enough that their sum
-    (``bits``-bit operands ``x - zp``) fits 24 bits: the quotient by ``sC`` is then exact too, and
-    ORT rounds the exact value half to even (``quantize.exact_int16`` makes such scales)."""
-    mant_exp = [math.frexp(float(_F32(s))) for s in (sa, sb, sc)]
-    if any(m != 0.5 for m, _ in mant_exp):
+    the input scales are ``m·2**k`` with m ∈ {1, 3}, the output scale is a power of two, and the
+    sum of the operands (``|x - zp| < 2**bits``) spans at most 24 bits from the finer scale's
+    last bit: the quotient by ``sC`` is then exact too, and ORT rounds the exact value half to
+    even (``quantize.exact_int16`` makes such scales)."""
+    fa, fb, fc = (Fraction(float(_F32(s))) for s in (sa, sb, sc))
+    odd = [f.numerator // (f.numerator & -f.numerator) if f > 0 else 0 for f in (fa, fb, fc)]
+    if odd[2] != 1 or odd[0] not in (1, 3) or odd[1] not in (1, 3):
         return False
-    return abs(mant_exp[0][1] - mant_exp[1][1]) + bits <= 24
+    lsb = [math.log2(f / o) for f, o in zip((fa, fb), odd)]
+    top = [k + bits + o.bit_length() - 1 for k, bits, o in zip(lsb, (bits_a, bits_b), odd)]
+    return max(top) + 1 - min(lsb) <= 24
 
 
 def avgpool_exact_scale(xs, count: int) -> np.float32 | None:

@@ -79,7 +79,9 @@ class QAdd(QBinary):
                      # exact ratios: ORT's QLinearAdd is exact, the ACT's NTE gives its integers
                      # (int16: ORT's float Add is exact on dyadic scales, quantize.exact_int16)
                      round_ties_even=int(numerics.add_exact_ratios(sa, sb, sc) if kernel == "QLinearAdd"
-                                         else wide and numerics.float_add_exact(sa, sb, sc)),
+                                         else wide and numerics.float_add_exact(
+                                             sa, sb, sc, *(16 if L.np_dtype(v.type) is np.int16 else 8
+                                                           for v in (a, b)))),
                      input_zps=[za, zb], ort_input_scales=[sa, sb], ort_output_scale=[sc],
                      ort_zp_shift=ctx.ort_zp_shift, ort_kernel=kernel)
         return emit("add", root, [a, b], attrs, op)
