@@ -1,7 +1,9 @@
 """``run`` on models with int16 layers: judged layer by layer on ORT's own inputs (layer_judgment).
 
-ORT runs int16 QDQ in float32, so an int16 layer is bounded, not exact, and its admissible LSBs
-move later layers: the whole-model difference of a correct model can exceed a tight tolerance.
+ORT runs int16 QDQ in float32: with exact scales (the default recipe) that arithmetic is exact
+and the model is held to the whole-model tolerance like an int8 one; with calibrated scales an
+int16 layer is bounded, not exact, and its admissible LSBs move later layers: the whole-model
+difference of a correct model can exceed a tight tolerance.
 Each layer fed ORT's own inputs must then be within the tolerance or, with int16, explained by the
 bounded contract; a fault the compiler or the simulator could make still fails, naming the layer.
 An int8-only model keeps the whole-model tolerance and the first-divergence locator.
@@ -19,8 +21,11 @@ from qmodels import combine_shift_by_seven
 
 from .conftest import cli
 
-#: conv1 (int8 in, int16 out) and conv2 (int16 in and out: the graph output) are int16 layers
-INT16 = ["--quantize", "--precision", "conv1=int16,conv2=int16"]
+#: conv1 (int8 in, int16 out) and conv2 (int16 in and out: the graph output) are int16 layers,
+#: their scales as calibrated (a recipe without exact scales: ORT's float path rounds)
+INT16 = ["--quantize", "--recipe", "per-channel", "--precision", "conv1=int16,conv2=int16"]
+#: the same layers under the default recipe: exact scales make ORT's int16 arithmetic exact
+EXACT16 = ["--quantize", "--precision", "conv1=int16,conv2=int16"]
 INT8 = ["--quantize"]
 
 
@@ -47,7 +52,7 @@ def _chain(path):
 def chains(tmp_path_factory):
     """{flags name: (model, output dir)} discovered once: every layer on the NSS."""
     out = {}
-    for name, flags in (("int16", INT16), ("int8", INT8)):
+    for name, flags in (("int16", INT16), ("exact16", EXACT16), ("int8", INT8)):
         d = tmp_path_factory.mktemp(name)
         model = _chain(d / "chain.onnx")
         assert cli("discover", "--model", model, "--output-dir", d, *flags, "--skip-mode") == 0
@@ -93,6 +98,23 @@ def test_int16_drift_beyond_a_tight_tolerance_passes_layer_by_layer(chains, roun
     assert "run: PASS (int16 drift explained" in out and "whole-model max |Δ|" in out
     assert cli("view", "--model", model, "--output-dir", d) == 0
     assert "judged per layer (int16): True" in capsys.readouterr().out
+
+
+def test_exact_scales_make_an_int16_model_bit_exact(chains, monkeypatch, capsys):
+    """Under the default recipe (exact scales: quantize/exact_int16.py) the int16 layers compute
+    ORT's own integers: 0 LSB at tolerance 0, no per-layer judgment needed; a wrong weight in
+    the int16 layer then fails, judged per layer and named."""
+    model, d = chains["exact16"]
+    for rounding in ("native", "ort"):
+        assert cli("run", "--model", model, "--output-dir", d, *EXACT16, "--rounding", rounding,
+                   "--tolerance-lsb", "0") == 0
+        m = _metrics(d)
+        assert m["max_abs_lsb"] == 0 and "judged" not in m and m["passed"]
+    _off_by_one_weight(monkeypatch)
+    assert cli("run", "--model", model, "--output-dir", d, *EXACT16, "--tolerance-lsb", "0") == 1
+    f = _metrics(d)["per_layer"]["failed"]
+    assert f["layer_id"] == "Conv_conv1" and f["unexplained"] > 0
+    assert "run: FAIL: layer Conv_conv1 on nss:" in capsys.readouterr().out
 
 
 def test_a_weight_the_compiler_got_wrong_fails_naming_the_layer(chains, monkeypatch, capsys):
