@@ -72,7 +72,8 @@ def exact_int16_scales(qmodel: onnx.ModelProto, fp32: onnx.ModelProto | None = N
         fixed = _closure({name for _, scales in sites for name in scales}, g, producer, consumers)
         plan = {name: _plan(name, inits, zps.get(name, ()), [clips.get(t) for t in tensors.get(name, [])],
                             name in sums) for name in fixed}
-        kept = [(n, scales) for n, scales in sites if all(plan[s] is not None for s in scales)]
+        kept = [(n, scales) for n, scales in sites
+                if all(plan[s] is not None for s in _closure(set(scales), g, producer, consumers))]
         if len(kept) == len(sites):
             break
         sites = kept
