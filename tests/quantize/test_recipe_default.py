@@ -48,7 +48,7 @@ def test_mixed_is_all_int8_where_auto_cannot_apply(capsys):
     r, why = with_flags(mixed, {})
     assert r == gptq and why.startswith("no --calibration-data")
     assert with_flags(mixed, {}, data_elsewhere=True) == (mixed, None)
-    assert with_flags(mixed, {**data, "precision": ()}) == (gptq.replace(**data, accuracy_budget=0.0, int16_macs=5.0), None)
+    assert with_flags(mixed, {**data, "precision": ()}) == (gptq.replace(**data, accuracy_budget=0.0, int16_macs=10.0), None)
     with pytest.raises(TorqError, match="need --quant-format qdq"):
         with_flags(mixed, {**data, "format": "qoperator", "precision": (("*", "auto"),)})
     with pytest.raises(TorqError, match="need --quant-format qdq"):

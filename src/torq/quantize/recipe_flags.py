@@ -69,7 +69,7 @@ FLAGS: dict[str, tuple[tuple[str, ...], dict]] = {
     "precision": (("--precision",), dict(metavar="P|NODE=P,...|auto", help=(
         "activation precision, int8, int16 or bf16: one for the whole model (evaluate "
         "--precision bf16: FP32 vs BF16 on the NSS, no calibration) or per layer, NODE=P,...; auto (the "
-        "mixed recipe's, with --accuracy-budget 0 --int16-macs 5): the fewest int16 layers (by MACs) keeping "
+        "mixed recipe's, with --accuracy-budget 0 --int16-macs 10): the fewest int16 layers (by MACs) keeping "
         "top-1 within --accuracy-budget of FP32 on held-apart calibration samples; budget 0: the most "
         "sensitive layers up to --int16-macs (docs/mixed-precision.md); int8: every layer int8"))),
     "accuracy_budget": (("--accuracy-budget",), dict(type=float, metavar="POINTS", help=(
@@ -93,10 +93,10 @@ def add_recipe_arguments(parser: argparse.ArgumentParser, title: str | None = No
     g.add_argument("--recipe", default=None, metavar="NAME|FILE.json", help=(
         f"start from a named recipe ({names}) or a recipe JSON file; the flags below change single "
         f"fields (default: recommended = {RECOMMENDED}, the same on every command: mixed = gptq + int16 "
-        "activations on the layers int8 hurts most, measured on the calibration data, at most 5 %% of the "
-        "MACs, never a graph output; without --calibration-data, with --quant-format qoperator or "
-        "--quant-dtype A16W8 it is gptq: every layer int8, exact scales, GPTQ weight rounding, per-channel, "
-        "int8 graph I/O, bit-exact with ONNX Runtime; docs/recipes.md says what each costs and gains)"))
+        "activations on the layers int8 hurts most, measured on the calibration data, at most 10 %% of the "
+        "MACs, never a graph output, bit-exact with ONNX Runtime (exact scales); without --calibration-data, "
+        "with --quant-format qoperator or --quant-dtype A16W8 it is gptq: every layer int8, exact scales, GPTQ "
+        "weight rounding, per-channel, int8 graph I/O; docs/recipes.md says what each costs and gains)"))
     for name, (flags, kw) in FLAGS.items():
         g.add_argument(*flags, dest=_dest(name), default=None, **kw)
     g.add_argument("--per-tensor", dest=_dest("per_channel"), action="store_false",
