@@ -57,8 +57,8 @@ def test_the_least_int16_candidate_within_noise_of_the_best_is_chosen(rc):
 
 def test_candidate_names_parse_to_recipes(rc):
     entry = {"preprocess": "norm=tf", "calibration": "calib"}
-    r = rc.recipe_of("gptq+auto=0@5", entry)
-    assert r.precision == (("*", "auto"),) and r.accuracy_budget == 0.0 and r.int16_macs == 5.0
+    r = rc.recipe_of("gptq+auto=0@10", entry)
+    assert r.precision == (("*", "auto"),) and r.accuracy_budget == 0.0 and r.int16_macs == 10.0
     assert r.replace(calibration_data=None, preprocess="") == rc.recipe_of("mixed", entry).replace(
         calibration_data=None, preprocess="")                       # the preset is the chosen candidate
     assert rc.recipe_of("exact:entropy", entry).calibrate_method == "entropy"
