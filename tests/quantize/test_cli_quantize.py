@@ -75,7 +75,7 @@ def test_quantize_mixed_keeps_int8_graph_outputs(tmp_path):
     assert q.graph.output[0].type.tensor_type.elem_type == onnx.TensorProto.INT8
     report = json.loads((tmp_path / "net.int8.precision.json").read_text())
     assert report["int16_layers"] and "logits" not in report["int16_layers"]
-    assert report["int8_mac_share"] >= 0.95
+    assert report["int8_mac_share"] >= 0.90
     why = {c["name"]: c["why"] for c in report["layers"]}
     assert "graph output" in why["logits"]
     assert any(t.data_type == onnx.TensorProto.INT16 for t in q.graph.initializer)

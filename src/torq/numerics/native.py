@@ -375,9 +375,8 @@ def add_native_mults(a, b, za, zb, mA, mB, shift, zc, qmin, qmax, out_dtype=np.i
                      ties_even: bool = False, zp_after: bool = False) -> np.ndarray:
     """add_native with the multipliers and shift the compiler stored on the op:
     ``clamp((((a - za)*mA + (b - zb)*mB + r) >> shift) + zc)``, r = (1 << shift) >> 1;
-    ``ties_even``: the ACT's NTE mode (exact ratios, ``add_exact_ratios``) on ``t + (zc << shift)``
-    (as QLinearAdd rounds ``... + zc``: an odd zero point flips the parity of a tie), or on ``t``
-    alone with ``zp_after`` (QuantizeLinear rounds first, then adds zc: ORT's float int16 Add)."""
+    ``ties_even``: the ACT's NTE mode on ``t + (zc << shift)`` (as QLinearAdd rounds ``... + zc``), or on
+    ``t`` alone with ``zp_after`` (QuantizeLinear rounds first, then adds zc: ORT's float int16 Add)."""
     a, b = np.asarray(a), np.asarray(b)
     si, zc, lo, hi = int(shift), int(zc), int(qmin), int(qmax)
     if (not (ties_even and zp_after) and a.shape == b.shape and a.dtype.kind in "iu" and b.dtype.kind in "iu" and a.dtype.itemsize <= 2

@@ -166,7 +166,8 @@ def _folded_clips(g, producer, fp32) -> dict[str, tuple[float, float]]:
         bounds = [attrs.get("min", -math.inf), attrs.get("max", math.inf)] if n.op_type == "Clip" else [0.0, math.inf]
         for i in (1, 2):
             if n.op_type == "Clip" and len(n.input) > i and n.input[i]:
-                bounds[i - 1] = float(consts[n.input[i]]) if n.input[i] in consts else math.nan
+                v = consts.get(n.input[i])
+                bounds[i - 1] = float(v.reshape(-1)[0]) if v is not None and v.size == 1 else math.nan
         if not any(math.isnan(v) for v in bounds):
             found[n.output[0]] = tuple(bounds)
     return found
