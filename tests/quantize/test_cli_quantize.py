@@ -61,23 +61,32 @@ def test_quantize_qoperator_with_dataset_and_output(tmp_path):
     assert r.returncode == 2 and len(r.stderr.splitlines()) == 1 and "need --quant-format qdq" in r.stderr, r.stderr
 
 
-def test_quantize_mixed_keeps_int8_graph_outputs(tmp_path):
-    """With calibration data the mixed recipe promotes the layers int8 hurts most to
-    int16 within its MAC cap, never one writing a graph output: the model's I/O stays int8."""
+def test_quantize_mixed_int16_logits_and_a_pin_to_int8(tmp_path):
+    """With calibration data the mixed recipe promotes the layers int8 hurts most to int16 within
+    its MAC cap; the classifier writing the graph output costs no int16 MACs and is one of them
+    (the output is then int16, the input stays int8). ``--precision auto,logits=int8`` keeps it int8,
+    and the report says it was given, not chosen."""
     import json
     build_example_cnn(tmp_path / "net.onnx")
     np.savez(tmp_path / "c.npz", input=np.random.default_rng(0).uniform(-1, 1, (9, 3, 32, 32)))
     r = cli("quantize", "-m", tmp_path / "net.onnx", "--calibration-data", tmp_path / "c.npz", "--recipe", "mixed",
             cwd=tmp_path)
     assert r.returncode == 0 and r.stderr == "", r.stderr
-    assert "logits: int8[1,10]" in r.stdout and "input: int8[1,3,32,32]" in r.stdout
+    assert "logits: int16[1,10]" in r.stdout and "input: int8[1,3,32,32]" in r.stdout
     q = onnx.load(tmp_path / "net.int8.onnx")
-    assert q.graph.output[0].type.tensor_type.elem_type == onnx.TensorProto.INT8
+    assert q.graph.output[0].type.tensor_type.elem_type == onnx.TensorProto.INT16
     report = json.loads((tmp_path / "net.int8.precision.json").read_text())
+    assert "logits" in report["int16_layers"] and report["int8_mac_share"] >= 0.90
+    r = cli("quantize", "-m", tmp_path / "net.onnx", "--calibration-data", tmp_path / "c.npz", "--recipe", "mixed",
+            "--precision", "auto,logits=int8", "-o", tmp_path / "pinned.onnx", cwd=tmp_path)
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert "logits: int8[1,10]" in r.stdout
+    q = onnx.load(tmp_path / "pinned.onnx")
+    assert q.graph.output[0].type.tensor_type.elem_type == onnx.TensorProto.INT8
+    report = json.loads((tmp_path / "pinned.precision.json").read_text())
     assert report["int16_layers"] and "logits" not in report["int16_layers"]
-    assert report["int8_mac_share"] >= 0.90
     why = {c["name"]: c["why"] for c in report["layers"]}
-    assert "graph output" in why["logits"]
+    assert why["logits"].startswith("int8: given as --precision logits=int8")
     assert any(t.data_type == onnx.TensorProto.INT16 for t in q.graph.initializer)
 
 

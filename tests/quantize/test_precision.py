@@ -254,28 +254,34 @@ def test_sensitivity_in_pieces_is_the_whole_model_pass(cnn, which, monkeypatch):
     assert sensitivity._measure(m, samples, optimize=False) != pieces
 
 
-def test_auto_keeps_graph_outputs_int8_under_full_integer(cnn):
-    """Full-integer I/O is int8: auto never promotes a layer writing a graph output (directly or
-    through data movement), and says so; with float I/O it may."""
+def test_auto_may_promote_the_head_and_a_pin_keeps_it_int8(cnn):
+    """The classifier writing the graph output costs no int16 MACs: auto may promote it, and under
+    full-integer I/O the output is then int16 (with exact scales the NSS computes ORT's integers
+    there, bit for bit); ``auto,logits=int8`` keeps it int8 and says why."""
+    from torq import reference
     from torq.quantize.calibration import ArrayDataReader
-    from torq.quantize.precision import output_layers, stamped
-    assert output_layers(cnn) == {"logits"}
-    relu = onnx.helper.make_node("Relu", ["logits"], ["probs"], name="out_relu")
-    m = onnx.ModelProto()
-    m.CopyFrom(cnn)
-    m.graph.node.append(relu)
-    m.graph.output[0].name = "probs"
-    assert output_layers(m) == {"logits"}
+    from torq.quantize.precision import stamped
+    from torq.quantize.recipe_flags import parse_precision
     samples = samples_of(SyntheticDataReader(cnn, 9))
-    auto = dict(per_channel=True, precision=(("*", "auto"),), accuracy_budget=0.0, int16_macs=100.0)
-    q = quantize(cnn, calibration_data_reader=ArrayDataReader(samples), full_integer=True, **auto)
+    auto = dict(per_channel=True, full_integer=True, exact_scales=True, accuracy_budget=0.0, int16_macs=100.0)
+    q = quantize(cnn, calibration_data_reader=ArrayDataReader(samples), precision=(("*", "auto"),), **auto)
+    assert "logits" in stamped(q)["int16_layers"]
+    assert q.graph.output[0].type.tensor_type.elem_type == onnx.TensorProto.INT16
+    c = compile(q)
+    x = np.random.default_rng(1).integers(-128, 128, size=[d.dim_value for d in
+                                          q.graph.input[0].type.tensor_type.shape.dim], dtype=np.int8)
+    name = q.graph.input[0].name
+    ort = reference.run(q, {name: x})[q.graph.output[0].name]
+    nss = c.simulator.run(c.program.feed({name: x}), "native")[0]
+    assert ort.dtype == np.int16 and np.array_equal(np.asarray(nss).reshape(ort.shape), ort)
+    pinned = parse_precision("auto, logits=int8")
+    assert pinned == (("*", "auto"), ("logits", "int8"))
+    q = quantize(cnn, calibration_data_reader=ArrayDataReader(samples), precision=pinned, **auto)
     assert q.graph.output[0].type.tensor_type.elem_type == onnx.TensorProto.INT8
     report = stamped(q)
     assert report["int16_layers"] and "logits" not in report["int16_layers"]
     why = {c["name"]: c["why"] for c in report["layers"]}
-    assert why["logits"].startswith("int8: its output is a graph output")
-    q = quantize(cnn, calibration_data_reader=ArrayDataReader(samples), **auto)   # float I/O: the head may go int16
-    assert "logits" in stamped(q)["int16_layers"]
+    assert why["logits"].startswith("int8: given as --precision logits=int8")
 
 
 def _silu_cnn():
@@ -302,8 +308,8 @@ def test_auto_never_promotes_a_layer_whose_reader_has_no_int16_form():
     from torq.quantize.calibration import ArrayDataReader
     from torq.quantize.precision import int8_only_layers, stamped
     m = _silu_cnn()
-    keep = int8_only_layers(m, full_integer=True)
-    assert set(keep) == {"conv1", "conv2", "sig1", "mul1", "hswish2", "conv3"}
+    keep = int8_only_layers(m)
+    assert set(keep) == {"conv1", "conv2", "sig1", "mul1", "hswish2"}
     assert "Sigmoid 'sig1'" in keep["conv1"] and "HardSwish 'hswish2'" in keep["conv2"]
     assert keep["mul1"] == "its op (Mul) has no int16 form on the NSS"
     from onnx import helper
@@ -313,7 +319,7 @@ def test_auto_never_promotes_a_layer_whose_reader_has_no_int16_form():
     g.node.append(helper.make_node("Relu", ["y"], ["r3"], name="relu3"))
     g.node.append(helper.make_node("Concat", ["r3", "h2"], ["cat"], name="cat", axis=1))
     g.output[0].CopyFrom(helper.make_tensor_value_info("cat", onnx.TensorProto.FLOAT, [1, 8, 8, 8]))
-    assert "Concat 'cat' joins it" in int8_only_layers(cat, full_integer=False)["conv3"]
+    assert "Concat 'cat' joins it" in int8_only_layers(cat)["conv3"]
     samples = samples_of(SyntheticDataReader(m, 9))
     auto = dict(per_channel=True, precision=(("*", "auto"),), accuracy_budget=0.0, int16_macs=100.0)
     q = quantize(m, calibration_data_reader=ArrayDataReader(samples), full_integer=True, **auto)

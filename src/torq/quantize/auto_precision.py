@@ -14,9 +14,11 @@ within X of FP32, chosen by measurement on calibration data only.
    disagreement, which counts every flip between two near-tied classes as a whole error (13 % of
    int8 EfficientNet-Lite0's top-1s on photos unlike ImageNet, where FP32 is unsure), is reported
    beside it. Promotion stops at ``max_int16_share`` of the MACs (``--int16-macs``).
-   Never promoted (``precision.int8_only_layers``): under full-integer I/O a layer writing a graph
-   output (the graph's outputs stay int8), and a layer read by an op with no int16 form on the NSS
-   (a Sigmoid / HardSwish table, a Mul: promoting it would make the model uncompilable).
+   Never promoted: a layer read by an op with no int16 form on the NSS (a Sigmoid / HardSwish
+   table, a Mul: promoting it would make the model uncompilable; ``precision.int8_only_layers``),
+   and a layer given as ``NODE=int8`` beside ``auto``. A layer writing a graph output may be
+   promoted (a classifier's costs no int16 MACs): under full-integer I/O that output is then int16,
+   a 256 times finer grid for the caller's top-1 (exact int16 scales keep it ORT's, bit for bit).
    Budget 0 asks for no search: the longest prefix within the MAC cap is promoted outright (the
    knob is then the cap, chosen on a tuning set: benchmarks/recipe_choice.py); the held-apart
    samples are not needed to judge it, and no trial model is quantized.
@@ -272,10 +274,8 @@ def _resolve(recipe, base, src, prepared, calib: list, hold: list, *, where: str
     def trial(chosen: dict):
         return quantize_prepared(with_layers(chosen).replace(full_integer=False), measured,
                                  ArrayDataReader(calib), where=where)
-    # full-integer I/O is int8 at the graph's edges (what the NPU's caller reads): a layer writing a
-    # graph output stays int8 (an int16 output would change the model's output type; int16 then
-    # requantized to int8 there only rounds twice); so does one read by an op with no int16 form
-    keep = int8_only_layers(measured, recipe.full_integer)
+    keep = {**int8_only_layers(measured),
+            **{n: f"given as --precision {n}=int8" for n, p in base.precision if p == "int8"}}
     with stage(f"quantize: precision auto (per-layer sensitivity on {len(calib)} samples"
                + (")" if recipe.accuracy_budget == 0 else ", trial models)")):
         result = choose(measured, trial, calib, hold, recipe.accuracy_budget,

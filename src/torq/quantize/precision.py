@@ -59,29 +59,14 @@ def layers(model: onnx.ModelProto) -> list[str]:
     return [n.name for n in model.graph.node if n.op_type not in MOVES and n.op_type not in _SKIP]
 
 
-def output_layers(model: onnx.ModelProto) -> set[str]:
-    """The layers whose output is a graph output, directly or through data movement (the
-    precision an output carries, as ``resolve`` passes it on: a move takes its first input's)."""
-    producer = {o: n for n in model.graph.node for o in n.output if o}
-    found = set()
-    for out in model.graph.output:
-        n = producer.get(out.name)
-        while n is not None and n.op_type in MOVES:
-            n = next((producer[i] for i in n.input if i in producer), None)
-        if n is not None and n.op_type not in _SKIP:
-            found.add(n.name)
-    return found
-
-
 #: Ops the NSS lowers with an int16 activation input (docs/a16w8.md: conv2d, depthwise_conv2d,
 #: fully_connected, add, avg_pool2d; data movement passes the type on). Anything else reading an
 #: int16 tensor (a Sigmoid / HardSwish table, a Mul, a float island) has no int16 form.
 INT16_READERS = frozenset({"Conv", "Gemm", "MatMul", "Add", "AveragePool", "GlobalAveragePool"})
 
 
-def int8_only_layers(model: onnx.ModelProto, full_integer: bool = True) -> dict[str, str]:
-    """{layer: why it must stay int8}: a layer whose output (directly or through data movement)
-    is a graph output under full-integer I/O, whose op has no int16 form on the NSS, or whose
+def int8_only_layers(model: onnx.ModelProto) -> dict[str, str]:
+    """{layer: why it must stay int8}: a layer whose op has no int16 form on the NSS, or whose
     output such an op reads (``INT16_READERS``; a MatMul only with a constant second operand:
     activation × activation has no int16 × int8 form) or a Concat joins with other tensors."""
     inits = {t.name for t in model.graph.initializer}
@@ -109,10 +94,9 @@ def int8_only_layers(model: onnx.ModelProto, full_integer: bool = True) -> dict[
             if why:
                 return why
         return None
-    found = {n: "its output is a graph output, which full-integer I/O keeps int8"
-             for n in output_layers(model)} if full_integer else {}
+    found = {}
     for n in model.graph.node:
-        if n.op_type in MOVES or n.op_type in _SKIP or not n.output or n.name in found:
+        if n.op_type in MOVES or n.op_type in _SKIP or not n.output:
             continue
         why = blocker(n.output[0], set()) if wide(n) else f"its op ({n.op_type}) has no int16 form on the NSS"
         if why:

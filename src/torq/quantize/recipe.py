@@ -40,7 +40,7 @@ class Recipe:
     # --- the quantizer (ONNX Runtime quantize_static)
     format: str = "qdq"                 # qdq | qoperator | hybrid (qoperator when every op has a QLinear form)
     per_channel: bool = False           # one weight scale per output channel (depthwise nets need it)
-    full_integer: bool = False          # int8 graph I/O: no input Q / output DQ (what the NPU takes)
+    full_integer: bool = False          # integer graph I/O (int8; int16 from an int16 layer): no input Q / output DQ
     quant_dtype: str = "A8W8"           # activations × weights
     # --- calibration
     calibrate_method: str = "minmax"    # minmax | entropy | percentile (activation ranges)
@@ -198,7 +198,8 @@ PRESETS: dict[str, Recipe] = {
 #: Lite0/1/2) chose gptq. Sessions 4-5 (``benchmarks/recipe_choice.py --criterion kl``: gptq and gptq
 #: with an int16 MAC cap of 2.5 / 5 / 10 %) chose the 5 % cap, the ``mixed`` preset; session 7,
 #: the same rule once ORT's int16 arithmetic was made exact (exact_int16: the NSS = ORT bit for
-#: bit, int16 tensors with 16x headroom), chose the 10 % cap. Without calibration data, in
+#: bit, int16 tensors with 16x headroom), chose the 10 % cap; session 8 let it promote a layer
+#: writing a graph output (a classifier: int16 logits at no int16 MAC). Without calibration data, in
 #: QOperator or A16W8, ``mixed`` is gptq (recipe_flags.with_flags).
 #: ``Recipe()`` itself is ORT's quantize_static defaults behind the front end: the base presets
 #: change, and the defaults of the Python ``quantize()`` (which keeps ORT's keyword vocabulary).

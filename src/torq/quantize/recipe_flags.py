@@ -71,7 +71,8 @@ FLAGS: dict[str, tuple[tuple[str, ...], dict]] = {
         "--precision bf16: FP32 vs BF16 on the NSS, no calibration) or per layer, NODE=P,...; auto (the "
         "mixed recipe's, with --accuracy-budget 0 --int16-macs 10): the fewest int16 layers (by MACs) keeping "
         "top-1 within --accuracy-budget of FP32 on held-apart calibration samples; budget 0: the most "
-        "sensitive layers up to --int16-macs (docs/mixed-precision.md); int8: every layer int8"))),
+        "sensitive layers up to --int16-macs (docs/mixed-precision.md); a layer writing a graph output may "
+        "be chosen (that output is then int16): auto,NODE=int8 keeps it int8; int8: every layer int8"))),
     "accuracy_budget": (("--accuracy-budget",), dict(type=float, metavar="POINTS", help=(
         "--precision auto: expected top-1 loss vs FP32 allowed on the held-apart third of the calibration "
         "samples (FP32's softmax standing in for their labels), percentage points (default 0.5); 0: no "
@@ -94,7 +95,8 @@ def add_recipe_arguments(parser: argparse.ArgumentParser, title: str | None = No
         f"start from a named recipe ({names}) or a recipe JSON file; the flags below change single "
         f"fields (default: recommended = {RECOMMENDED}, the same on every command: mixed = gptq + int16 "
         "activations on the layers int8 hurts most, measured on the calibration data, at most 10 %% of the "
-        "MACs, never a graph output, bit-exact with ONNX Runtime (exact scales); without --calibration-data, "
+        "MACs (a classifier writing the graph output may be one: the output is then int16), bit-exact with ONNX "
+        "Runtime (exact scales); without --calibration-data, "
         "with --quant-format qoperator or --quant-dtype A16W8 it is gptq: every layer int8, exact scales, GPTQ "
         "weight rounding, per-channel, int8 graph I/O; docs/recipes.md says what each costs and gains)"))
     for name, (flags, kw) in FLAGS.items():
@@ -206,13 +208,17 @@ def load_recipe(name: str) -> Recipe:
 
 def parse_precision(text: str) -> tuple:
     """``NODE=int16,NODE2=bf16`` -> ((NODE, int16), (NODE2, bf16)); a bare ``bf16`` / ``int16`` is
-    the whole model (node ``*``), ``auto`` chosen by measurement (``("*", "auto")``), ``int8`` the
-    default (no entry); one-line error otherwise."""
+    the whole model (node ``*``), ``auto`` chosen by measurement (``("*", "auto")``; with
+    ``NODE=P`` items beside it those layers are given, not chosen), ``int8`` the default (no
+    entry); one-line error otherwise."""
     bare = text.strip().lower()
     if bare in ("int8", "int16", "bf16", "auto"):
         return () if bare == "int8" else (("*", bare),)
     out = []
     for part in filter(None, (p.strip() for p in text.split(","))):
+        if part.lower() == "auto":
+            out.append(("*", "auto"))
+            continue
         node, sep, prec = part.rpartition("=")
         if not sep or not node or prec.strip().lower() not in ("int8", "int16", "bf16"):
             raise TorqError(f"--precision: bad item {part!r}: expected NODE=int8|int16|bf16")
