@@ -55,6 +55,20 @@ def test_a_histogram_calibrator_is_refused_before_allocating(capsys, tmp_path, m
     assert f"--num-calib {(60 << 20) // per_sample} or fewer" in err and not out.exists()
 
 
+def test_the_bound_counts_the_samples_the_data_has(capsys, tmp_path, monkeypatch):
+    """--num-calib is at most: 5 samples on disk under --num-calib 100 are 5 samples held, so a
+    histogram calibrator that fits 5 is not refused for 100 (a 91-photo folder under the default
+    was refused this way)."""
+    _deep(tmp_path / "m.onnx")
+    _, per_sample = memory_bound.sample_bytes(onnx.load(tmp_path / "m.onnx"))
+    fits = (60 << 20) // per_sample
+    assert 5 <= fits < 100
+    np.savez(tmp_path / "c.npz", x=np.random.default_rng(0).uniform(0, 1, (5, 1, CH, SIDE, SIDE)).astype(np.float32))
+    code, err, out = _quantize(capsys, tmp_path, monkeypatch, "--calibrate-method", "entropy",
+                               "--calibration-data", str(tmp_path / "c.npz"))
+    assert code == 0 and out.exists(), err
+
+
 def test_minmax_still_refuses_inputs_that_do_not_fit(tmp_path, monkeypatch):
     monkeypatch.setattr(memory_bound, "available_bytes", lambda: 5 << 20)      # budget 3 MiB
     m = onnx.load(_deep(tmp_path / "m.onnx"))

@@ -58,6 +58,9 @@ class SyntheticDataReader(CalibrationDataReader):
         self.seed = seed
         self.reset()
 
+    def __len__(self) -> int:
+        return self.num_samples
+
     def reset(self) -> None:
         self._i = 0
 
@@ -104,6 +107,9 @@ class ArrayDataReader(CalibrationDataReader):
     def __init__(self, samples: list[dict[str, np.ndarray]]):
         self.samples = samples
         self._i = 0
+
+    def __len__(self) -> int:
+        return len(self.samples)
 
     def reset(self) -> None:
         self._i = 0
@@ -253,6 +259,9 @@ class ImageReader(CalibrationDataReader):
         self.data, self.prep, self.shape, self.name = data, prep, shape, input_name
         self.count = min(count, len(data))
         self.i = 0
+
+    def __len__(self) -> int:
+        return self.count
 
     def get_next(self):
         if self.i >= self.count:

@@ -334,8 +334,8 @@ def apply(recipe: Recipe, model, reader=None, *, where: str | None = None,
     from .calibration import make_reader
     src, where = source(recipe, model, where)
     if reader is None:                           # (a caller's reader knows its own sizes)
-        memory_bound.check(src, recipe.num_calib, where, "--num-calib", keeps_tensors=keeps_tensors(recipe))
-    reader = reader if reader is not None else make_reader(src, recipe)
+        reader = make_reader(src, recipe)        # as many samples as the data has, up to --num-calib
+        memory_bound.check(src, len(reader), where, "--num-calib", keeps_tensors=keeps_tensors(recipe))
     if ("*", "auto") in recipe.precision:            # int16 layers chosen by measurement first
         from .auto_precision import apply_auto
         return apply_auto(recipe, src, reader, where=where, wrap_lone_ops=wrap_lone_ops)
