@@ -13,7 +13,7 @@ DESCRIPTION = """
     image with FP32 (ONNX Runtime), INT8 (ONNX Runtime) and INT8 (the NSS simulator, native
     NPU rounding). Prints top-1/top-5, top-1 agreement of each INT8 path with FP32, NSS vs ORT
     agreement and images/s, and writes evaluation.json, evaluation.md, sqnr.png (per-layer SQNR
-    of INT8 vs FP32 activations) and lsb_hist.png (NSS − ORT int8 logits) to --output-dir.
+    of INT8 vs FP32 activations) and lsb_hist.png (NSS − ORT integer logits, int8 or int16) to --output-dir.
 
     dataset SPEC: a folder with labels.tsv (tab-separated header 'file class_index ...'), an
     .npz with x (images) and y (labels), or an IDX images file (MNIST/Fashion-MNIST

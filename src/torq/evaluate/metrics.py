@@ -33,7 +33,7 @@ def agreement(top_a: np.ndarray, top_b: np.ndarray) -> float:
 
 
 def top2_margin(logits: np.ndarray) -> np.ndarray:
-    """Largest minus second-largest logit per row (int8 logits: in LSB; 0 = a tie)."""
+    """Largest minus second-largest logit per row (integer logits: in LSB; 0 = a tie)."""
     scores = np.sort(np.asarray(logits).reshape(len(logits), -1).astype(np.float64), axis=1)
     return scores[:, -1] - scores[:, -2]
 

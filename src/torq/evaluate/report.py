@@ -58,7 +58,7 @@ def markdown(r) -> str:
                   f"{_pct(r.agreement('int8_nss', 'int8_onnx'))} %.", ""]
     total = sum(r.lsb.values())
     if total:
-        lines += ["NSS − ORT int8 logits (LSB): " + ", ".join(
+        lines += ["NSS − ORT integer logits (LSB): " + ", ".join(
             f"{k:+d}: {v} ({100 * v / total:.2f} %)" for k, v in sorted(r.lsb.items())), ""]
     if r.sqnr:
         finite = [s["sqnr_db"] for s in r.sqnr if math.isfinite(s["sqnr_db"])]

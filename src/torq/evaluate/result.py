@@ -24,7 +24,7 @@ class EvalResult:
     top: dict = field(default_factory=dict)            # path -> N×k class indices
     seconds: dict = field(default_factory=lambda: {p: 0.0 for p in PATHS})
     sqnr: list = field(default_factory=list)
-    lsb: Counter = field(default_factory=Counter)      # NSS − ORT int8 logits, in LSB
+    lsb: Counter = field(default_factory=Counter)      # NSS − ORT integer logits (int8 or int16), in LSB
     ort_margin: np.ndarray | None = None               # ORT int8 top-1 − top-2 logit (LSB)
     precision: dict = field(default_factory=dict)      # quantize.sensitivity.precision_summary
     _ort_logits: dict = field(default_factory=dict, repr=False)
