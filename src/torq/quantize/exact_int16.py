@@ -12,8 +12,9 @@ MatMul / Add / average pools with an int16 input or output) is ``m·2**k`` with 
   * int16 tensors: a power of two with ``HEADROOM_BITS`` of headroom (the calibrated range spans
     2**(16 - HEADROOM_BITS) steps: 16 times finer than int8 still, and a reader's accumulator
     stays far below 2**24);
-  * int8 tensors: ``m`` ∈ {1, 3} (scale 1·2**k or 1.5·2**k, rounded up: at most 0.42 bits of
-    range), a power of two where an Add or pool writes them (their quotient must stay dyadic);
+  * int8 tensors: ``m`` ∈ {1, 3} (scale 1·2**k or 1.5·2**k, rounded up: at most log2 1.5 = 0.58
+    bits of range), a power of two (at most 1 bit) where an Add or pool writes them (their
+    quotient must stay dyadic);
   * weights: ``m`` ∈ {1, 3}·(3 where the output's ``m`` is 3 and the input's is not), rounded up;
   * the int32 bias on the grid ``xs·ws``;
 so ``x·xs``, ``w·ws``, every product and partial sum (below 2**24 units, in any order, with or
