@@ -25,7 +25,7 @@ class EvalResult:
     seconds: dict = field(default_factory=lambda: {p: 0.0 for p in PATHS})
     sqnr: list = field(default_factory=list)
     lsb: Counter = field(default_factory=Counter)      # NSS − ORT integer logits (int8 or int16), in LSB
-    ort_margin: np.ndarray | None = None               # ORT int8 top-1 − top-2 logit (LSB)
+    ort_margin: np.ndarray | None = None               # ORT integer top-1 − top-2 logit (LSB)
     precision: dict = field(default_factory=dict)      # quantize.sensitivity.precision_summary
     _ort_logits: dict = field(default_factory=dict, repr=False)
     int8_model: object = field(default=None, repr=False)    # the int8 ModelProto measured
