@@ -65,3 +65,15 @@ def test_rounded_model_is_bit_exact_on_the_nss():
     r = verify(compile(q), seed=0)
     assert r.ok and r.float_steps == 0
     assert all(o.exact for o in r.outputs), [str(o) for o in r.outputs]
+
+
+def test_a_layer_seeing_fewer_rows_than_inputs_keeps_nearest_rounding():
+    """4 images give the classifier (8 inputs, one row per image) a singular H: GPTQ would fit
+    those 4 images, so its weights stay nearest; the convs (hundreds of rows each) are re-rounded."""
+    few = BASE.replace(num_calib=4)
+    fp32 = build_example_cnn()
+    a, b = _inits(apply(few, fp32).model), _inits(apply(few.replace(weight_rounding="gptq"), fp32).model)
+    changed = {k for k in a if not np.array_equal(a[k], b[k])}
+    gemm = next(n for n in fp32.graph.node if n.op_type == "Gemm").input[1] + "_quantized"
+    assert gemm in a and gemm not in changed
+    assert changed

@@ -5,7 +5,9 @@ Runs on the finished QDQ model (after exact scales, whose scales it keeps): for 
 weight is a symmetric int8 DequantizeLinear of an initializer with an fp32 original in the
 prepared model (the quantizer's ``<name>_quantized`` naming), the second moments ``H`` of the
 layer's fp32 input (im2col patches for a Conv, per group) are summed over the calibration
-samples, then the integers are re-chosen. Biases and scales are untouched.
+samples, then the integers are re-chosen. Biases and scales are untouched. A layer that saw fewer
+input rows than it has inputs keeps nearest rounding: its ``H`` is singular (a classifier after a
+global pool sees one row per image), so GPTQ would fit the calibration images, not the data.
 """
 from __future__ import annotations
 
@@ -31,8 +33,8 @@ def round_weights(qmodel: onnx.ModelProto, fp32: onnx.ModelProto, reader) -> onn
     if not layers:
         return m
     inits = {t.name: t for t in m.graph.initializer}
-    for lay, h in zip(layers, _moments(fp32, layers, reader)):
-        if h is not None:
+    for lay, (h, rows) in zip(layers, _moments(fp32, layers, reader)):
+        if h is not None and rows >= h.shape[-1]:
             _reround(lay, h, inits)
     return m
 
@@ -69,7 +71,7 @@ def _layers(m: onnx.ModelProto, fp32: onnx.ModelProto) -> list[dict]:
 
 def _moments(fp32, layers, reader) -> list:
     """Per layer: (G, K, K) summed second moments of its input rows over the calibration samples
-    (None when its input has a shape the pass does not handle). The last result is kept for the
+    (None when its input has a shape the pass does not handle) and how many rows they summed. The last result is kept for the
     same fp32 model and samples: ``--precision auto`` quantizes one prepared model many times."""
     floats = {t.name: t for t in fp32.graph.initializer}
     for lay in layers:
@@ -96,6 +98,7 @@ def _sum_moments(fp32, layers, samples) -> list:
     names = [o.name for o in sess.get_outputs()]
     rng = np.random.default_rng(0)
     acc: list = [None] * len(layers)
+    count = [0] * len(layers)
     pending: list = [[] for _ in layers]       # rows waiting for one matmul (a wide layer gets few
                                                 # rows per sample: a K×K update per sample is the cost)
 
@@ -103,6 +106,7 @@ def _sum_moments(fp32, layers, samples) -> list:
         rows = np.concatenate(pending[i], axis=1)
         pending[i] = []
         h = np.swapaxes(rows, 1, 2) @ rows
+        count[i] += rows.shape[1]
         acc[i] = h if acc[i] is None else acc[i] + h
     for sample in samples:
         got = dict(zip(names, sess.run(None, sample)))
@@ -116,7 +120,7 @@ def _sum_moments(fp32, layers, samples) -> list:
     for i in range(len(layers)):
         if pending[i]:
             flush(i)
-    return acc
+    return list(zip(acc, count))
 
 
 def _patches(x: np.ndarray, lay: dict, rng) -> np.ndarray | None:
