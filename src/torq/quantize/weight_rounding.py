@@ -71,8 +71,9 @@ def _layers(m: onnx.ModelProto, fp32: onnx.ModelProto) -> list[dict]:
 
 def _moments(fp32, layers, reader) -> list:
     """Per layer: (G, K, K) summed second moments of its input rows over the calibration samples
-    (None when its input has a shape the pass does not handle) and how many rows they summed. The last result is kept for the
-    same fp32 model and samples: ``--precision auto`` quantizes one prepared model many times."""
+    (None when its input has a shape the pass does not handle) and how many rows they summed. The
+    last result is kept for the same fp32 model and samples: ``--precision auto`` quantizes one
+    prepared model many times."""
     floats = {t.name: t for t in fp32.graph.initializer}
     for lay in layers:
         lay["w"] = numpy_helper.to_array(floats[lay["float"]]).astype(np.float64)
