@@ -1,6 +1,6 @@
 """Choose the recommended recipe on the tuning half of the evaluation images.
 
-    python benchmarks/recipe_choice.py [--only effnet|lite1|lite2|fmnist ...] [--candidate NAME ...]
+    python benchmarks/recipe_choice.py [--only effnet|lite1|lite2|squeeze|fmnist ...] [--candidate NAME ...]
                                        [--criterion kl|top1] [--target POINTS] [--limit N]
                                        [--json OUT] [--cache DIR]
 
@@ -250,7 +250,7 @@ def markdown(res: dict, candidates, target: float) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--only", action="append", choices=[*ROWS, "fmnist"])
+    ap.add_argument("--only", action="append", choices=[*ROWS, "squeeze", "fmnist"])
     ap.add_argument("--candidate", action="append",
                     help=f"PRESET[:METHOD][+auto[=BUDGET]], simplest first (default: {', '.join(CANDIDATES)})")
     ap.add_argument("--target", type=float, default=0.5, help="top-1 points from FP32 to meet (default 0.5)")
