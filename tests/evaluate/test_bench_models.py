@@ -2,23 +2,16 @@
 with an unpickler that builds numpy arrays and nothing else."""
 from __future__ import annotations
 
-import importlib.util
 import os
 import pickle
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "models" / "build.py"
-
 
 @pytest.fixture(scope="module")
-def build():
-    spec = importlib.util.spec_from_file_location("bench_build", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+def build(benchmark_script):
+    return benchmark_script("models/build.py")
 
 
 def test_arrays_load(build):

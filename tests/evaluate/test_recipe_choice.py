@@ -1,23 +1,15 @@
 """benchmarks/recipe_choice.py --criterion kl: the rule that picks the recommended mixed recipe."""
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 from torq.quantize import Recipe
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "recipe_choice.py"
-
 
 @pytest.fixture(scope="module")
-def rc():
-    spec = importlib.util.spec_from_file_location("recipe_choice", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+def rc(benchmark_script):
+    return benchmark_script("recipe_choice.py")
 
 
 def _rows(kls: dict, int8: dict, n=200, seed=0):

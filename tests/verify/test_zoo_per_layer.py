@@ -1,23 +1,15 @@
 """benchmarks/torchvision_zoo.py --per-layer: every layer alone, counted; internal errors told apart."""
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import onnx
 import pytest
 
 from quantize.islands_model import island_at_output
 
-ZOO = Path(__file__).resolve().parents[2] / "benchmarks" / "torchvision_zoo.py"
-
 
 @pytest.fixture(scope="module")
-def zoo():
-    spec = importlib.util.spec_from_file_location("torq_bench_zoo", ZOO)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+def zoo(benchmark_script):
+    return benchmark_script("torchvision_zoo.py")
 
 
 def test_every_layer_of_an_island_model_lowers_alone(zoo, tmp_path, monkeypatch):
